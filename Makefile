@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh clone (Python >= 3.10 and make are all you need):
+#   make course   set up .venv, then open the course in JupyterLab (offline, on the shipped model)
+#   make test     set up .venv, then run every test
+# Both are idempotent: set-up is skipped while .venv is newer than pyproject.toml.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines get this exact build. GPU users: see README ("Using a GPU").
+TORCH_SPEC ?= torch==2.13.0
+# Optional extra index for torch (e.g. PyTorch's CPU-only or CUDA wheel index); empty = PyPI.
+TORCH_INDEX ?=
+EXTRAS ?= course,server,dev
+# Extra arguments for JupyterLab, e.g. make course ARGS="--no-browser --port 8890"
+ARGS ?=
+# Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k kvcalc"
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.minengine-installed
+
+.PHONY: course test setup lint clean-venv help
+
+help:
+	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
+	@echo "make test     set up and run the whole test suite"
+	@echo "make lint     ruff over the code"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@# Install the pinned torch first so no unpinned requirement can pull in a multi-GB CUDA build.
+	@$(PY) -c "import torch" 2>/dev/null || \
+	  $(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+course: $(STAMP)
+	$(PY) -m minengine.course open $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check minengine tests scripts
+
+clean-venv:
+	rm -rf $(VENV)

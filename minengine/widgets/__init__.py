@@ -1,0 +1,5 @@
+"""ipywidgets front ends used by the lessons (need the ``course`` extra: ipywidgets, matplotlib)."""
+
+from minengine.widgets.kv_widget import KVCalculatorWidget, kv_calculator
+
+__all__ = ["KVCalculatorWidget", "kv_calculator"]

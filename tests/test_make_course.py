@@ -1,0 +1,66 @@
+"""`make course` really serves JupyterLab: start it headless, fetch /lab, stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+def test_make_course_serves_jupyterlab(tmp_path):
+    port = _free_port()
+    args = (f"--workspace {tmp_path / 'ws'} --no-browser --ip=127.0.0.1 --port={port} "
+            "--ServerApp.token=test-token --ServerApp.port_retries=0")
+    log = (tmp_path / "lab.log").open("w")
+    proc = subprocess.Popen(["make", "--no-print-directory", "course", f"ARGS={args}"], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        status = None
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/lab?token=test-token", timeout=5)
+                status = r.status_code
+                if status == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        output = (tmp_path / "lab.log").read_text()
+        assert status == 200, f"JupyterLab did not answer 200 (last status {status}); log:\n{output[-3000:]}"
+        assert "JupyterLab" in r.text
+        # lessons were copied into the workspace, never edited in place
+        assert sorted(p.name for p in (tmp_path / "ws" / "lessons").glob("*.ipynb")) == sorted(
+            p.name for p in (ROOT / "lessons").glob("*.ipynb"))
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop make and JupyterLab (one process group) and wait, so no server outlives the test."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
