@@ -1,0 +1,282 @@
+"""Paged attention over a packed batch: the readable reference path (gather blocks + SDPA).
+
+A step's batch is *packed*: the new tokens of all sequences are concatenated into one ``[N, ...]`` tensor,
+with no padding. ``AttentionMetadata`` says where each sequence's tokens start and how long each
+sequence is, and (with a KV cache) where each new token's K/V goes and which blocks hold the context.
+
+KV cache layout (one pair per layer), as in vLLM's reference backends::
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    slot = block_id * block_size + offset          # flat index into k_cache.view(-1, H_kv, D)
+
+Token ``p`` (absolute position) of a sequence lives in slot
+``block_table[p // block_size] * block_size + p % block_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+# `enable_gqa` lets SDPA broadcast K/V heads itself (torch >= 2.5); older torch repeats them.
+_TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_SDPA_HAS_GQA = _TORCH_VERSION >= (2, 5)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's tokens are in a packed batch and in the paged KV cache.
+
+    query_start_loc: B+1 offsets; sequence i's new tokens are rows query_start_loc[i]:query_start_loc[i+1].
+    seq_lens:        tokens of sequence i after this step (cached context + new tokens), so its new tokens
+                     sit at absolute positions seq_lens[i] - n_new .. seq_lens[i] - 1.
+    slot_mapping:    [N] int64, the cache slot each new token's K/V is written to (None without a cache).
+    block_tables:    each sequence's KV block ids, in order (None without a cache).
+    block_size:      tokens per block.
+
+    Build a fresh one every step: the first layer caches index tensors in it that every layer reuses.
+    """
+
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    slot_mapping: torch.Tensor | None = None
+    block_tables: list[list[int]] | None = None
+    block_size: int = 16
+    # Per-step tensors shared by every layer (built by the first layer that needs them).
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.query_start_loc) != len(self.seq_lens) + 1:
+            raise ValueError("query_start_loc must have one more entry than seq_lens")
+        for i, n in enumerate(self.query_lens):
+            if n < 1 or n > self.seq_lens[i]:
+                raise ValueError(f"sequence {i}: {n} new tokens but seq_len {self.seq_lens[i]}")
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
+
+    @property
+    def query_lens(self) -> list[int]:
+        """New tokens of each sequence in this step."""
+        return [b - a for a, b in zip(self.query_start_loc[:-1], self.query_start_loc[1:], strict=True)]
+
+    @property
+    def context_lens(self) -> list[int]:
+        """Tokens of each sequence already in the cache before this step."""
+        return [s - q for s, q in zip(self.seq_lens, self.query_lens, strict=True)]
+
+    def positions(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[N] int64 absolute position of every new token (what the model's RoPE needs)."""
+        pos = [p for s, q in zip(self.seq_lens, self.query_lens, strict=True) for p in range(s - q, s)]
+        return torch.tensor(pos, dtype=torch.long, device=device)
+
+    def last_token_indices(self) -> list[int]:
+        """Row of each sequence's last new token: the only rows whose logits the engine needs."""
+        return [end - 1 for end in self.query_start_loc[1:]]
+
+    @classmethod
+    def for_prefill(cls, seq_lens: list[int]) -> AttentionMetadata:
+        """No-cache batch: every sequence is all new tokens and attends causally to itself only."""
+        return cls(query_start_loc=_cumsum(seq_lens), seq_lens=list(seq_lens))
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str | None = None,
+    ) -> AttentionMetadata:
+        """Paged batch: compute query_start_loc and slot_mapping from the block tables."""
+        slots: list[int] = []
+        for q, s, table in zip(query_lens, seq_lens, block_tables, strict=True):
+            if len(table) * block_size < s:
+                raise ValueError(f"block table {table} holds {len(table) * block_size} < {s} tokens")
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
+        return cls(
+            query_start_loc=_cumsum(query_lens),
+            seq_lens=list(seq_lens),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_tables=[list(t) for t in block_tables],
+            block_size=block_size,
+        )
+
+
+def _cumsum(lens: list[int]) -> list[int]:
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[KVCache]:
+    """One zeroed ``(k_cache, v_cache)`` pair per layer, each [num_blocks, block_size, H_kv, D]."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool = False,
+) -> torch.Tensor:
+    """SDPA on [B, H, L, D] tensors with grouped K/V heads; ``mask`` is boolean (True = may attend)."""
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        )
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+def _context_mask(key_pos: torch.Tensor, query_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """[..., L_q, L_k] bool: a query at position p sees keys at positions p-W+1 .. p (W = window)."""
+    q, k = query_pos.unsqueeze(-1), key_pos.unsqueeze(-2)
+    mask = k <= q
+    if sliding_window is not None:
+        mask &= k > q - sliding_window
+    return mask
+
+
+def _gather_slots(meta: AttentionMetadata, i: int, device: torch.device) -> torch.Tensor:
+    """Flat cache slots of sequence i's first seq_lens[i] tokens (cached per step, like the decode inputs)."""
+    key = f"slots/{i}"
+    if key not in meta._cache:
+        assert meta.block_tables is not None
+        pos = torch.arange(meta.seq_lens[i], device=device)
+        blocks = torch.tensor(meta.block_tables[i], dtype=torch.long, device=device)
+        meta._cache[key] = blocks[pos // meta.block_size] * meta.block_size + pos % meta.block_size
+    return meta._cache[key]
+
+
+def _decode_inputs(
+    meta: AttentionMetadata, rows: list[int], device: torch.device, sliding_window: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather slots [B, L_max] and key mask [B, 1, 1, L_max] for the single-token sequences ``rows``.
+
+    Each sequence's keys are padded to the longest context; padding points at slot 0 and is masked out.
+    Built once per step and reused by every layer (it depends only on the metadata).
+    """
+    key = f"decode/{sliding_window}"
+    if key in meta._cache:
+        return meta._cache[key]
+    assert meta.block_tables is not None
+    lens = torch.tensor([meta.seq_lens[i] for i in rows], device=device)
+    max_len = int(lens.max())
+    max_blocks = -(-max_len // meta.block_size)
+    padded = [(meta.block_tables[i] + [0] * max_blocks)[:max_blocks] for i in rows]
+    tables = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
+    pos = torch.arange(max_len, device=device)
+    slots = tables[:, pos // meta.block_size] * meta.block_size + pos % meta.block_size  # [B, L_max]
+    query_pos = (lens - 1).unsqueeze(-1)  # [B, 1]: the one new token sits at the end of its context
+    mask = _context_mask(pos.expand(len(rows), -1), query_pos, sliding_window)  # [B, 1, L_max]
+    starts = torch.tensor([meta.query_start_loc[i] for i in rows], device=device)
+    meta._cache[key] = (starts, slots, mask.unsqueeze(1))  # mask -> [B, 1(head), 1(query), L_max]
+    return meta._cache[key]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: KVCache | None,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention for a packed batch, reading the context from a paged KV cache.
+
+    q: [N, H_q, D]; k, v: [N, H_kv, D] (the new tokens, RoPE already applied); returns [N, H_q, D].
+    With ``kv_cache``, k/v are first written at ``meta.slot_mapping``; then each sequence attends to its
+    first ``seq_lens[i]`` cached tokens, its queries sitting at the END of that context (a prefill chunk
+    or a decode). Without a cache each sequence attends causally within its own new tokens.
+    """
+    out = torch.empty_like(q)
+    if kv_cache is None:
+        for i, n in enumerate(meta.query_lens):
+            if meta.seq_lens[i] != n:
+                raise ValueError(
+                    f"sequence {i} has {meta.seq_lens[i] - n} cached tokens but no kv_cache given"
+                )
+            a, b = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            out[a:b] = _attend(q[a:b], k[a:b], v[a:b], 0, scale, sliding_window)
+        return out
+
+    if meta.slot_mapping is None or meta.block_tables is None:
+        raise ValueError("a kv_cache needs attn_metadata.slot_mapping and block_tables")
+    k_cache, v_cache = kv_cache
+    if k_cache.shape[1] != meta.block_size:
+        raise ValueError(
+            f"kv cache has block_size {k_cache.shape[1]} but attn_metadata says {meta.block_size}"
+        )
+    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_flat, v_flat = k_cache.view(-1, n_kv, head_dim), v_cache.view(-1, n_kv, head_dim)
+    slot_mapping = meta.slot_mapping.to(k_flat.device)  # no-op when the engine built it on the device
+    k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
+    v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
+
+    query_lens = meta.query_lens
+    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+    if decode_rows:
+        # All decodes in ONE SDPA call: the common case of a running batch.
+        starts, slots, mask = _decode_inputs(meta, decode_rows, q.device, sliding_window)
+        keys = k_flat[slots].transpose(1, 2).to(q.dtype)  # [B, H_kv, L_max, D]
+        values = v_flat[slots].transpose(1, 2).to(q.dtype)
+        queries = q[starts].unsqueeze(2)  # [B, H_q, 1, D]
+        out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
+    for i, n in enumerate(query_lens):
+        if n == 1:
+            continue
+        # A prefill (chunk): gather this sequence's whole context, then attend from its last n positions.
+        a, b, seq_len = meta.query_start_loc[i], meta.query_start_loc[i + 1], meta.seq_lens[i]
+        slots = _gather_slots(meta, i, q.device)
+        out[a:b] = _attend(q[a:b], k_flat[slots], v_flat[slots], seq_len - n, scale, sliding_window)
+    return out
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_len: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """One sequence: q [n, H_q, D] at positions context_len.., k/v [context_len + n, H_kv, D]."""
+    n, total = q.shape[0], k.shape[0]
+    qt = q.transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
+    kt = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, total, D]
+    vt = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
+    if context_len == 0 and (sliding_window is None or sliding_window >= total):
+        out = _sdpa(qt, kt, vt, None, scale, causal=True)  # plain causal: SDPA's fast path
+    else:
+        query_pos = torch.arange(context_len, context_len + n, device=q.device)
+        mask = _context_mask(torch.arange(total, device=q.device), query_pos, sliding_window)
+        out = _sdpa(qt, kt, vt, mask, scale)
+    return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,237 @@
+"""Find a model (shipped name, local HF folder, or hub id), read its safetensors, build the module.
+
+Every failure raises a ``ModelLoadError`` subclass with a message that says what was tried and how to
+fix it: learners meet these errors first, so they must not be a wall of library tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from minengine.models.config import ModelConfig
+from minengine.models.errors import ModelLoadError, ModelNotFoundError, WeightMismatchError
+from minengine.models.llama import LlamaForCausalLM
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = "tinystories-4m"
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved; we recompute them
+_MAX_LISTED = 5
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def list_shipped_models() -> list[str]:
+    """Names of the models in ``minengine/assets/`` (folders holding a config.json)."""
+    return sorted(p.parent.name for p in ASSETS_DIR.glob("*/config.json"))
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE read at call time (huggingface_hub only reads it once, at import)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return True
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _from_hub(repo_id: str) -> Path:
+    """Download (or find in the HF cache) the json/safetensors/tokenizer files of ``repo_id``."""
+    offline = _hub_offline()
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo_id, allow_patterns=HUB_ALLOW_PATTERNS, local_files_only=offline)
+    except Exception as e:  # the hub raises many types (HTTP, validation, cache misses, timeouts)
+        if offline:
+            why = "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+            how = "unset HF_HUB_OFFLINE and go online to download it once"
+        else:
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            why = f"{type(e).__name__}: {first_line}"
+            how = "check the id on https://huggingface.co (`hf auth login` for gated models) and your network"
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not a local folder, and the Hugging Face hub could not provide it "
+            f"({why}).\nFix: {how}; or pass a local folder with config.json + *.safetensors, or a shipped "
+            f"model name ({', '.join(list_shipped_models()) or 'none installed'})."
+        ) from None
+    return Path(path)
+
+
+def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Path:
+    """Turn ``None`` / a shipped name / a local folder / a hub id ``org/name`` into a local folder."""
+    name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"folder {local} has no config.json: pass a Hugging Face model folder "
+                "(config.json + model.safetensors)"
+            )
+        return local.resolve()
+    if local.exists():
+        raise ModelNotFoundError(f"{local} is a file; pass the model's folder (with config.json) instead")
+    shipped = list_shipped_models()
+    if name in shipped:
+        return ASSETS_DIR / name
+    if _HUB_ID.match(name):  # exactly one '/', not starting with '.', '/' or '~'
+        return _from_hub(name)
+    if name.startswith((".", "/", "~")) or os.sep in name:
+        raise ModelNotFoundError(
+            f"no folder at {name!r}: pass an existing Hugging Face model folder (config.json + "
+            f"model.safetensors), a shipped model name ({', '.join(shipped) or 'none'}), or a hub id 'org/name'"
+        )
+    raise ModelNotFoundError(
+        f"model {name!r} not found: it is not a shipped model (shipped: {', '.join(shipped) or 'none'}), "
+        "not an existing local folder, and not a hub id of the form 'org/name'.\n"
+        f"Fix: check the spelling, pass a folder with config.json + model.safetensors, or a hub id "
+        f"such as 'HuggingFaceTB/SmolLM2-135M'."
+    )
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """None/"auto" -> cuda if available, else mps if available, else cpu."""
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """None -> bf16 on CUDA (fp16 if the GPU lacks bf16), fp32 elsewhere; "auto" -> the checkpoint's."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype == "auto":
+        return _DTYPES.get(config.torch_dtype or "float32", torch.float32)
+    key = str(dtype).removeprefix("torch.").lower()
+    if key not in _DTYPES:
+        raise ValueError(
+            f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}, 'auto', or a torch.dtype"
+        )
+    return _DTYPES[key]
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors file(s) of a model folder: the shards of an index, or model.safetensors."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        shards = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [s.name for s in shards if not s.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"{index} lists shard(s) that are missing: {', '.join(missing)}")
+        return shards
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+    hint = f" (found {', '.join(others[:_MAX_LISTED])}: only safetensors is supported)" if others else ""
+    raise ModelNotFoundError(
+        f"no weights in {path}: expected model.safetensors or model.safetensors.index.json{hint}"
+    )
+
+
+def _listing(items: list[str]) -> str:
+    more = f", ... ({len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else ""
+    return ", ".join(items[:_MAX_LISTED]) + more
+
+
+def check_state_dict(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor], config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """Drop ignorable entries, then require exactly the module's names and shapes (strict loading)."""
+    sd = {k: v for k, v in state_dict.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)  # tied: the head *is* the embedding
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    wrong = sorted(
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {expected[k]}"
+        for k in set(sd) & set(expected)
+        if tuple(sd[k].shape) != expected[k]
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing weights: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected weights: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"shape mismatch: {_listing(wrong)}")
+    if problems:
+        raise WeightMismatchError(
+            f"checkpoint does not match {config.architecture} built from its config.json: "
+            + "; ".join(problems)
+        )
+    return sd
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str] | None = None,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> LlamaForCausalLM:
+    """Load a supported decoder in eval mode; the result carries ``.config`` and ``.model_path``."""
+    path = resolve_model_path(name_or_path)
+    config = ModelConfig.from_pretrained(path)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, config, dev)
+    files = weight_files(path)
+
+    # Build on the meta device (no memory, no random init), then adopt the checkpoint tensors directly.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in files:  # convert shard by shard so at most one shard sits in memory twice
+        try:
+            shard = load_file(file)
+        except Exception as e:  # safetensors raises its own error types for corrupt or truncated files
+            raise ModelLoadError(f"could not read {file}: {type(e).__name__}: {e}") from None
+        state_dict.update({k: v.to(device=dev, dtype=torch_dtype) for k, v in shard.items()})
+    state_dict = check_state_dict(model, state_dict, config)
+    model.load_state_dict(state_dict, strict=False, assign=True)  # names/shapes checked above
+    model.tie_weights()
+    model.model.rotary_emb.build_cache(dev)
+    model.eval().requires_grad_(False)
+    assert not any(t.is_meta for t in model.state_dict().values()), "a tensor was left on the meta device"
+    model.model_path = path
+    return model
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None):  # -> PreTrainedTokenizerFast
+    """The model folder's tokenizer, via ``transformers.AutoTokenizer``."""
+    path = resolve_model_path(name_or_path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ModelNotFoundError(
+            f"no tokenizer in {path}: expected tokenizer.json (or tokenizer.model / vocab.json)"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
