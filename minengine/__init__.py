@@ -12,6 +12,10 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
+    "LLM": "minengine.llm",
+    "AsyncLLM": "minengine.engine.async_llm",
+    "SamplingParams": "minengine.engine.sequence",
+    "EngineConfig": "minengine.config",
     "load_model": "minengine.models.loader",
     "load_tokenizer": "minengine.models.loader",
     "resolve_model_path": "minengine.models.loader",

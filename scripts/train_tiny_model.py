@@ -34,11 +34,14 @@ SPECIAL_TOKENS = [EOS, "<|system|>", "<|user|>", "<|assistant|>"]
 # Each turn is "<|role|>\n<content>\n"; an assistant turn ends with the EOS token, which is also what
 # the model emits when a story is finished. Matches the format of the chat documents in the corpus.
 CHAT_TEMPLATE = (
+    # Newlines are written as Jinja string literals: transformers renders with trim_blocks, which would
+    # eat a raw newline after a {% ... %} tag.
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
-    "{% if message['role'] == 'assistant' %}<|endoftext|>{% endif %}\n"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{% endif %}"
+    "{{ '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
 
@@ -191,6 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
+    # transformers 5 writes the template to chat_template.jinja; older tools read it from the config.
+    tok_cfg_path = args.out / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text())
+    tok_cfg["chat_template"] = CHAT_TEMPLATE
+    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
     GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
                      do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=256).save_pretrained(args.out)
 
@@ -261,14 +269,16 @@ weights, are the project's own (Apache-2.0).
 
 ## Training
 
-`{stats['command']}` — {stats['tokens_seen']:,} tokens seen ({stats['train_tokens']:,} distinct),
+`{stats['command']}` — {stats['tokens_seen']:,} tokens seen (less than one pass over a
+{stats['train_tokens']:,}-token corpus),
 AdamW, cosine schedule, seed {stats['args']['seed']}; took {stats['train_minutes']} minutes on
 {stats['machine']}.
 
 ## Evaluation
 
 Held-out perplexity on {stats['args']['num_val_docs']} stories generated with another seed:
-**{stats['heldout_perplexity']}**.
+**{stats['heldout_perplexity']}**. It is this low because the stories come from a grammar: once the
+model knows the templates, only the names, places and objects are left to guess.
 
 ## Samples
 

@@ -1,0 +1,127 @@
+"""``EngineConfig``: every knob of the engine in one validated dataclass, with vLLM's names.
+
+Why one object: the real engine and the simulator build the same ``Scheduler`` from it, so a lesson can
+change ``max_num_batched_tokens`` once and see both a measurement and a prediction. This module imports
+no torch (the simulator and ``minengine kv`` use it on machines where torch would only slow start-up).
+
+The model's own shape lives in ``minengine.models.config.ModelConfig`` (read from HF ``config.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+POLICY_NAMES = ("decode_first", "prefill_first")
+# CPU/MPS have no "free memory" query worth trusting, so the KV cache gets a fixed budget there (it is
+# also capped at what max_num_seqs sequences of max_model_len tokens could ever use).
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's default for online serving with chunked prefill
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a model. ``None`` fields are filled from the model by ``resolved()``.
+
+    KV-cache size: give ``num_blocks``, or ``kv_cache_memory_bytes``, or neither; then a GPU uses
+    ``gpu_memory_utilization`` of its total memory (minus weights and peak activations, like vLLM) and
+    a CPU uses ``DEFAULT_CPU_KV_CACHE_BYTES``.
+
+    Chunked prefill off: a prompt is computed in one step, so ``max_num_batched_tokens`` must be at least
+    ``max_model_len`` (checked, as vLLM does): any request, even one recomputed after preemption, can
+    then always run alone, and no request needs to be rejected for being longer than the budget.
+    """
+
+    model: str | None = None  # shipped name, local HF folder or hub id; None = the shipped default
+    tokenizer: str | None = None  # defaults to the model's folder
+    dtype: Any = None  # None (fp32 on CPU, bf16 on CUDA) | "auto" | "float32" | "bfloat16" | torch.dtype
+    device: Any = None  # None/"auto" | "cpu" | "cuda" | "cuda:1" | "mps" | torch.device
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9  # only used on CUDA when neither of the two above is given
+    max_num_seqs: int = 256  # most requests running at once
+    max_num_batched_tokens: int | None = None  # the per-step token budget (prefill chunks + decodes)
+    max_model_len: int | None = None  # prompt + output tokens per request; default: model's context
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    policy: Any = "decode_first"  # "decode_first" | "prefill_first" | a SchedulingPolicy object
+    seed: int = 0  # seeds sampling of requests that carry no seed of their own
+
+    def __post_init__(self) -> None:
+        _positive_int("block_size", self.block_size)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        for name in ("num_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise ValueError(
+                "give either num_blocks or kv_cache_memory_bytes, not both "
+                f"(got num_blocks={self.num_blocks}, kv_cache_memory_bytes={self.kv_cache_memory_bytes})"
+            )
+        g = self.gpu_memory_utilization
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+            raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1], got {g!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if isinstance(self.policy, str):
+            if self.policy not in POLICY_NAMES:
+                raise ValueError(
+                    f"unknown policy {self.policy!r}: use one of {', '.join(POLICY_NAMES)} "
+                    "or pass a SchedulingPolicy object"
+                )
+        elif not callable(getattr(self.policy, "order", None)):
+            raise ValueError(
+                f"policy must be one of {', '.join(POLICY_NAMES)} or an object with an "
+                f"order(running, waiting) method (see minengine.engine.scheduler), got {self.policy!r}"
+            )
+        if self.max_model_len is not None and self.max_num_batched_tokens is not None:
+            self._check_budget(self.max_model_len, self.max_num_batched_tokens)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Like ``EngineConfig(**kwargs)`` but an unknown name gets a list of the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(
+                f"unknown engine option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
+            )
+        return cls(**kwargs)
+
+    def resolved(self, max_position_embeddings: int) -> EngineConfig:
+        """A copy with every ``None`` limit filled in for a model of that context length, re-validated."""
+        max_model_len = self.max_model_len or max_position_embeddings
+        if max_model_len > max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} is longer than the model's context "
+                f"(max_position_embeddings={max_position_embeddings}); lower max_model_len"
+            )
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        self._check_budget(max_model_len, budget)
+        return dataclasses.replace(self, max_model_len=max_model_len, max_num_batched_tokens=budget)
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.max_model_len is not None and self.max_num_batched_tokens is not None
+
+    def _check_budget(self, max_model_len: int, budget: int) -> None:
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(
+                f"with chunked prefill off, max_num_batched_tokens ({budget}) must be >= max_model_len "
+                f"({max_model_len}) so that every prompt fits in one step; raise max_num_batched_tokens, "
+                "lower max_model_len, or turn enable_chunked_prefill on"
+            )
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")

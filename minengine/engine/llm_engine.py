@@ -1,0 +1,293 @@
+"""``LLMEngine``: the step loop. One ``step()`` = schedule -> prepare -> forward -> sample -> update.
+
+Every step is timed phase by phase and written down as a ``StepRecord``; every request carries its
+``RequestRecord`` (arrival, first scheduled, each token, finish). On CUDA the clock is read only after
+``torch.cuda.synchronize()``: kernels run asynchronously, and without the sync the forward's time
+would be billed to whichever later phase first waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minengine.config import EngineConfig
+from minengine.engine.detokenizer import IncrementalDetokenizer
+from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
+from minengine.engine.model_runner import ModelRunner
+from minengine.engine.outputs import CompletionOutput, RequestOutput
+from minengine.engine.sampler import Sampler
+from minengine.engine.scheduler import Scheduler
+from minengine.engine.sequence import Request, RequestStatus, SamplingParams
+from minengine.metrics.records import RequestRecord, StepRecord
+from minengine.models.errors import ModelNotFoundError
+from minengine.models.loader import load_model, load_tokenizer
+
+MAX_RECORDS = 100_000  # records kept by a long-running engine (a server); older ones are dropped
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLMEngine:
+    """Loads the model, sizes the KV cache, and runs steps over whatever requests were added.
+
+    ``LLMEngine(EngineConfig(...))`` or ``LLMEngine(model="tinystories-4m", max_num_seqs=8)``; pass
+    ``model=`` an already loaded ``LlamaForCausalLM`` (and ``tokenizer=``) to skip loading.
+    """
+
+    def __init__(
+        self, config: EngineConfig | None = None, *, model: Any = None, tokenizer: Any = None, **kwargs: Any
+    ) -> None:
+        if isinstance(model, (str, Path)):
+            kwargs["model"], model = str(model), None
+        if config is None:
+            config = EngineConfig.from_kwargs(**kwargs)
+        elif kwargs:
+            raise TypeError(
+                f"pass either an EngineConfig or keyword options, not both (got {sorted(kwargs)})"
+            )
+        if model is None:
+            model = load_model(config.model, dtype=config.dtype, device=config.device)
+        self.model = model
+        self.model_config = model.config
+        self.device: torch.device = model.device
+        self.dtype: torch.dtype = model.dtype
+        self.config = config.resolved(self.model_config.max_position_embeddings)
+        path = config.tokenizer or getattr(model, "model_path", None)
+        self.tokenizer = tokenizer if tokenizer is not None else _try_load_tokenizer(path)
+        self.eos_token_ids = _eos_token_ids(
+            self.model_config, getattr(model, "model_path", None), self.tokenizer
+        )
+
+        num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
+        self.kv_cache = PagedKVCache.allocate(
+            self.model_config, num_blocks, self.config.block_size, self.dtype, self.device
+        )
+        self.scheduler = Scheduler(self.config, num_blocks)
+        self.model_runner = ModelRunner(model, self.kv_cache, self.device)
+        self.sampler = Sampler(self.config.seed, self.device)
+
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.step_counter = 0
+        self.step_records: deque[StepRecord] = deque(maxlen=MAX_RECORDS)
+        self.request_records: deque[RequestRecord] = deque(maxlen=MAX_RECORDS)  # finished requests
+        self.last_step_record: StepRecord | None = None
+
+    # ---- requests ----
+    def process_inputs(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Tokenize and validate a request without queueing it (raises ValueError if it cannot run)."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self._tokenize(prompt)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
+        request = Request(
+            request_id=str(next(self._ids)) if request_id is None else str(request_id),
+            prompt_token_ids=ids,
+            sampling_params=params,
+            arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
+            prompt=text,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.scheduler.check_request(request)
+        return request
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request; ``prompt`` is text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}."""
+        return self.add_processed_request(self.process_inputs(request_id, prompt, params, arrival_time))
+
+    def add_processed_request(self, request: Request) -> Request:
+        self.scheduler.add_request(request)
+        if self.tokenizer is not None:
+            self._detokenizers[request.request_id] = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                request.sampling_params.stop,  # type: ignore[arg-type]
+            )
+        return request
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Stop requests now and free their KV blocks; returns their final outputs (finish_reason "abort")."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outputs = []
+        for rid in ids:
+            request = self.scheduler.abort_request(rid)
+            if request is not None:
+                outputs.append(self._make_output(request, [], time.perf_counter()))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.requests)
+
+    # ---- the step ----
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns an output for each request that got a token or finished."""
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        t_sched = self._clock()
+        if not sched.scheduled:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError(
+                    f"the scheduler scheduled nothing although {len(self.scheduler.requests)} requests are "
+                    f"unfinished: policy {self.scheduler.policy!r} left every request out"
+                )
+            return []
+        inputs = self.model_runner.prepare_inputs(sched)
+        t_prep = self._clock()
+        logits = self.model_runner.execute_model(inputs)
+        t_fwd = self._clock()
+        tokens = self.sampler(logits, [s.request for s in inputs.sampled])
+        t_sample = self._clock()
+
+        sampled = {s.request_id: tok for s, tok in zip(inputs.sampled, tokens, strict=True)}
+        self.scheduler.update_from_output(sched, sampled, now=t_sample)
+        outputs = []
+        for s in inputs.sampled:
+            request = s.request
+            detok = self._detokenizers.get(request.request_id)
+            if detok is not None:
+                stop = detok.update([sampled[request.request_id]])
+                if stop is not None:
+                    self._stop_on_string(request, stop, t_sample)
+            outputs.append(self._make_output(request, [sampled[request.request_id]], t_sample))
+
+        self.step_counter += 1
+        record = sched.to_step_record(
+            self.step_counter,
+            start,
+            time.perf_counter(),
+            t_schedule=t_sched - start,
+            t_prepare=t_prep - t_sched,
+            t_forward=t_fwd - t_prep,
+            t_sample=t_sample - t_fwd,
+        )
+        self.step_records.append(record)
+        self.last_step_record = record
+        return outputs
+
+    def _stop_on_string(self, request: Request, stop: str, now: float) -> None:
+        if request.is_finished:  # it also hit max_tokens in this step: the stop string wins (as in vLLM)
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.record.finish_reason = "stop"
+        else:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED, now)
+        request.stop_reason = stop
+
+    def _make_output(self, request: Request, new_ids: list[int], now: float) -> RequestOutput:
+        finished = request.is_finished
+        detok = self._detokenizers.get(request.request_id)
+        delta, text = "", ""
+        if detok is not None:
+            if finished:
+                stop = detok.flush()
+                if stop is not None:
+                    self._stop_on_string(request, stop, now)
+            delta, text = detok.get_delta(finished), detok.emitted_text
+        if finished:
+            self._detokenizers.pop(request.request_id, None)
+            self.sampler.free(request.request_id)
+            self.request_records.append(request.record)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=request.output_token_ids,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            delta_text=delta,
+            delta_token_ids=list(new_ids),
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            record=request.record,
+            num_cached_tokens=request.num_cached_tokens,
+            time=now,
+        )
+
+    def _clock(self) -> float:
+        """perf_counter after the device has finished the work queued so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            return prompt, list(self.tokenizer.encode(prompt))
+        ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}")
+        return None, ids
+
+    # ---- numbers for lessons and the server ----
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.scheduler.block_manager.usage
+
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        bm = self.scheduler.block_manager
+        return {"queries": bm.prefix_cache_queries, "hits": bm.prefix_cache_hits}
+
+
+def _try_load_tokenizer(path: str | Path | None) -> Any:
+    """The model folder's tokenizer, or None when it has none (random test models)."""
+    if path is None:
+        return None
+    try:
+        return load_tokenizer(path)
+    except ModelNotFoundError:
+        return None
+
+
+def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -> list[int]:
+    """EOS ids from config.json, generation_config.json and the tokenizer (vLLM stops on all of them)."""
+    ids = set(model_config.eos_token_ids)
+    gen = Path(model_path) / "generation_config.json" if model_path is not None else None
+    if gen is not None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

@@ -1,0 +1,70 @@
+"""Logits -> next tokens: greedy, temperature, top-k, top-p, with a random generator per seeded request.
+
+Order of operations (as in vLLM and HF): divide by temperature, keep the top-k logits, keep the
+smallest set of tokens whose probability reaches top-p, renormalise, draw. A request with
+``SamplingParams.seed`` owns a ``torch.Generator`` seeded once, so its draws depend only on its own
+logits, never on which other requests shared the batch (or on preemptions: the generator keeps its
+state while the request waits). Unseeded requests share one generator seeded by ``EngineConfig.seed``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minengine.engine.sequence import Request, SamplingParams
+
+
+class Sampler:
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._generators: dict[str, torch.Generator] = {}  # request id -> its own generator
+
+    def generator_for(self, request: Request) -> torch.Generator:
+        seed = request.sampling_params.seed
+        if seed is None:
+            return self.generator
+        gen = self._generators.get(request.request_id)
+        if gen is None:
+            gen = self._generators[request.request_id] = torch.Generator(device=self.device).manual_seed(seed)
+        return gen
+
+    def free(self, request_id: str) -> None:
+        """Forget a finished request's generator."""
+        self._generators.pop(request_id, None)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """logits [M, vocab] (fp32) of M requests -> M token ids."""
+        if not requests:
+            return []
+        tokens = logits.argmax(dim=-1)  # greedy rows are done; the others are overwritten below
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if rows:
+            probs = self.probabilities(logits[rows], [requests[i].sampling_params for i in rows])
+            for j, i in enumerate(rows):
+                draw = torch.multinomial(probs[j], 1, generator=self.generator_for(requests[i]))
+                tokens[i] = draw[0]
+        return tokens.tolist()
+
+    @staticmethod
+    def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """[R, vocab] logits -> [R, vocab] probabilities after temperature, top-k and top-p."""
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+        logits = logits / temperature.unsqueeze(1)
+        vocab = logits.shape[1]
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        if any(k < vocab for k in top_k):
+            k_th = torch.stack([logits[i].topk(k).values[-1] for i, k in enumerate(top_k)])
+            logits = logits.masked_fill(logits < k_th.unsqueeze(1), float("-inf"))
+        top_p = torch.tensor([p.top_p for p in params], device=device, dtype=logits.dtype)
+        if bool((top_p < 1).any()):
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            sorted_probs = sorted_logits.softmax(dim=-1)
+            # drop a token when the tokens before it already reach top_p (the first token always stays)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            drop_sorted = before >= top_p.unsqueeze(1)
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits.softmax(dim=-1)
