@@ -1,4 +1,4 @@
-"""The ``minengine`` command: one argparse subcommand per job (kv today; generate, serve, bench, simulate).
+"""The ``minengine`` command: one argparse subcommand per job (generate, serve, bench, kv, simulate).
 
 To add a subcommand, write ``add_<name>_parser(subparsers)`` that registers its flags and sets
 ``func`` (a function taking the parsed args and returning an exit code), then append it to SUBCOMMANDS.
@@ -13,6 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+
+from minengine.bench.cli import add_bench_parser
+from minengine.generate_cli import add_generate_parser
+from minengine.server.cli import add_serve_parser
+from minengine.sim.cli import add_simulate_parser
 
 
 class CLIError(Exception):
@@ -38,7 +43,9 @@ def add_kv_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=kvcalc_cli.run)
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_kv_parser]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_generate_parser, add_serve_parser, add_bench_parser, add_kv_parser, add_simulate_parser
+]
 
 
 def build_parser() -> ArgumentParser:

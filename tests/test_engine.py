@@ -377,3 +377,16 @@ def test_kv_cache_sizing(model):
     assert llm.llm_engine.kv_cache.num_blocks == 10 and llm.llm_engine.kv_cache.num_bytes == 10 * per_block
     with pytest.raises(ValueError, match="smaller than one block"):
         LLM(model, kv_cache_memory_bytes=per_block - 1)
+
+
+@pytest.mark.parametrize("kwargs", [{"top_p": 5e-324}, {"temperature": 1e-30}, {"top_p": 1e-9, "top_k": 1}])
+def test_degenerate_sampling_params_keep_the_most_likely_token(kwargs):
+    """Found by fuzzing the server: a top_p that rounds to 0 once dropped every token and produced NaN."""
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(**{"temperature": 1.0, **kwargs})
+    probs = Sampler.probabilities(logits, [params, params]) if not params.greedy else None
+    if probs is not None:
+        assert torch.isfinite(probs).all()
+        assert probs.argmax(-1).tolist() == logits.argmax(-1).tolist()
+    else:
+        assert kwargs.get("temperature", 1.0) < 1e-5

@@ -134,6 +134,11 @@ class AsyncLLM:
                 self._run(), name="minengine-engine-loop"
             )
 
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that stopped the engine loop, if any (the engine is then dead, as in vLLM)."""
+        return self._error
+
     async def _run(self) -> None:
         assert self._wake is not None
         try:

@@ -65,6 +65,7 @@ class Sampler:
             # drop a token when the tokens before it already reach top_p (the first token always stays)
             before = sorted_probs.cumsum(dim=-1) - sorted_probs
             drop_sorted = before >= top_p.unsqueeze(1)
+            drop_sorted[:, 0] = False  # even a top_p that rounds to 0 keeps the most likely token
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)

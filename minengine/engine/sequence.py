@@ -44,6 +44,8 @@ _FINISH_REASONS = {
 }
 
 
+SAMPLING_EPS = 1e-5  # temperatures below this mean greedy (as in vLLM)
+
 @dataclass
 class SamplingParams:
     """How to pick each next token and when to stop (vLLM's names and defaults).
@@ -90,7 +92,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below vLLM's _SAMPLING_EPS (1e-5) dividing by the temperature overflows: treat it as greedy.
+        return self.temperature < SAMPLING_EPS
 
 
 @dataclass(eq=False)  # identity semantics: two requests are never "equal"

@@ -1,4 +1,4 @@
-"""Performance models: accelerator specs (and, later, rooflines and measurements of this machine)."""
+"""Performance models: accelerator specs, this machine's measured limits, and the roofline cost model."""
 
 from minengine.perf.hardware import (
     ACCELERATORS,
@@ -9,3 +9,5 @@ from minengine.perf.hardware import (
 )
 
 __all__ = ["ACCELERATORS", "Accelerator", "UnknownAcceleratorError", "get_accelerator", "list_accelerators"]
+# The roofline (minengine.perf.roofline) and measure_this_machine (minengine.perf.measure) are imported
+# from their modules: the measurement needs torch, and `minengine kv` must start without it.

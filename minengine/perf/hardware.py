@@ -10,8 +10,8 @@ Every entry quotes the vendor datasheet. Three conventions, applied to every row
   the rest, and the CUDA context, is what ``gpu_memory_utilization`` and the activation reserve of
   ``minengine.kvcalc`` leave aside).
 
-Measuring the machine you are on is a separate job (``measure_this_machine``, a later task): the table
-here is only what vendors promise.
+The table is only what vendors promise; ``minengine.perf.measure.measure_this_machine()`` measures the
+machine you are on (read bandwidth and matmul FLOP/s) and returns the same ``Accelerator`` record.
 """
 
 from __future__ import annotations

@@ -1,0 +1,199 @@
+"""The OpenAI-compatible HTTP server: ``create_app()`` builds the FastAPI app around one ``AsyncLLM``.
+
+Endpoints (what vLLM's ``vllm serve`` offers, minus the parts minengine has no engine for):
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE) or not; see
+  ``serving_completion`` and ``serving_chat``;
+- ``GET /v1/models``; ``GET /health`` (200, or 503 once the engine loop has failed); ``GET /metrics``
+  (Prometheus, see ``metrics``); ``GET /version``.
+
+Errors are OpenAI error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400 for every
+validation problem (FastAPI's 422 is turned into 400, as vLLM does) and for a too-long request, 404 for
+an unknown model or route, 401 for a wrong API key (``/v1/*`` only, so health checks and Prometheus
+need no key). Bad input never causes a 500. A client that disconnects aborts its request.
+
+    app = create_app(model="tinystories-4m")            # or create_app(AsyncLLM(...))
+    uvicorn.run(app, host="127.0.0.1", port=8000)       # or minengine.server.ServerThread(app)
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from minengine import __version__
+from minengine.engine.async_llm import AsyncLLM
+from minengine.server.metrics import ServerMetrics
+from minengine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from minengine.server.serving_chat import OpenAIServingChat
+from minengine.server.serving_completion import OpenAIServingCompletion
+from minengine.server.serving_engine import OpenAIError, error_body
+
+logger = logging.getLogger("minengine.server")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": desc}
+    for code, desc in [(400, "Invalid request"), (401, "Wrong API key"), (404, "Unknown model")]
+}
+_STREAM = {"description": "JSON, or an SSE stream (text/event-stream) when stream is true"}
+
+
+def create_app(
+    llm: AsyncLLM | None = None,
+    model: str | None = None,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    metrics_prefix: str = "minengine",
+    **engine_options: Any,
+) -> FastAPI:
+    """Build the app. Pass a running ``AsyncLLM`` (it stays yours: the app does not shut it down), or
+    ``model=`` and ``EngineConfig`` options to have one built (then the app shuts it down on exit).
+
+    ``served_model_name`` is the id in ``/v1/models`` and what requests must name (default: ``model``).
+    ``api_key``: require ``Authorization: Bearer <api_key>`` on ``/v1/*``.
+    """
+    owns_llm = llm is None
+    if llm is None:
+        llm = AsyncLLM(model=model, **engine_options)
+    elif engine_options:
+        raise TypeError(f"engine options {sorted(engine_options)} given together with a ready AsyncLLM")
+    name = served_model_name or model or _model_name(llm)
+    metrics = ServerMetrics(llm.engine, name, prefix=metrics_prefix)
+    completions = OpenAIServingCompletion(llm, name, metrics)
+    chat = OpenAIServingChat(llm, name, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_llm:
+            await llm.shutdown()
+
+    app = FastAPI(title="minengine OpenAI-compatible server", version=__version__, lifespan=lifespan)
+    app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, name
+    app.state.completions, app.state.chat = completions, chat  # the serving objects (tests, labs)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    _add_error_handlers(app)
+
+    @app.post("/v1/completions", responses={200: _STREAM, **_ERRORS})
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions", responses={200: _STREAM, **_ERRORS})
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create_chat_completion(request, raw_request)
+
+    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
+    async def show_models() -> ModelList:
+        root = getattr(llm.engine.model, "model_path", None)
+        card = ModelCard(
+            id=name, root=None if root is None else str(root), max_model_len=completions.max_model_len
+        )
+        return ModelList(data=[card])
+
+    @app.get("/health", responses={503: {"model": ErrorResponse, "description": "The engine has failed"}})
+    async def health() -> Response:
+        completions.check_health()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    return app
+
+
+class APIKeyMiddleware:
+    """401 on ``/v1/*`` unless ``Authorization: Bearer <key>`` (checked before the body is read)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(
+                    error_body("Invalid or missing API key", 401),
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(exc.errors())
+        return JSONResponse(error_body(message, 400, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error", exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), status_code=500)
+
+
+def _describe_validation(errors: Any) -> tuple[str, str | None]:
+    """pydantic errors -> one readable line and the first offending field ("messages.0.role")."""
+    parts, param = [], None
+    for err in list(errors)[:3]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        msg = err.get("msg", "invalid value")
+        if err.get("type") == "json_invalid":  # loc holds the character offset, not a field
+            where = f" (at character {loc[-1]})" if loc else ""
+            parts.append(f"malformed JSON: {err.get('ctx', {}).get('error', msg)}{where}")
+            continue
+        field = ".".join(loc) or None
+        param = param or field
+        parts.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(parts) or "invalid request", param
+
+
+def _model_name(llm: AsyncLLM) -> str:
+    engine = llm.engine
+    if engine.config.model:
+        return str(engine.config.model)
+    path = getattr(engine.model, "model_path", None)
+    if path is not None:
+        return Path(path).name
+    from minengine.models.loader import DEFAULT_MODEL
+
+    return DEFAULT_MODEL

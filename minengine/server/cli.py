@@ -1,0 +1,144 @@
+"""``minengine serve``: the OpenAI-compatible server on one model (like ``vllm serve``).
+
+    minengine serve --model tinystories-4m --host 127.0.0.1 --port 8000
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"prompt": "Once upon a time", "max_tokens": 32, "stream": true}'
+
+Heavy imports (torch, fastapi) happen inside ``run`` so ``minengine --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (completions, chat, /metrics)",
+        description="Serve a model over the OpenAI API with token streaming (SSE) and Prometheus metrics. "
+        "Example: minengine serve --model tinystories-4m --port 8000",
+    )
+    parser.add_argument(
+        "--model", default=None, help="shipped name, HF folder or hub id (default: the shipped model)"
+    )
+    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: --model)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    parser.add_argument("--port", type=_port, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("MINENGINE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINENGINE_API_KEY)",
+    )
+    parser.add_argument(
+        "--metrics-prefix",
+        choices=["minengine", "vllm"],
+        default="minengine",
+        help="Prometheus name prefix; 'vllm' makes vLLM dashboards work unchanged",
+    )
+    parser.add_argument("--max-model-len", type=_positive, default=None)
+    parser.add_argument("--max-num-seqs", type=_positive, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=_positive, default=None)
+    parser.add_argument(
+        "--num-blocks", type=_positive, default=None, help="KV-cache blocks (default: sized from memory)"
+    )
+    parser.add_argument("--block-size", type=_positive, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    parser.add_argument("--no-chunked-prefill", action="store_true", help="turn chunked prefill off")
+    parser.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: best available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    parser.add_argument(
+        "--threads",
+        type=_positive,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is fastest for tiny models on busy CPUs)",
+    )
+    parser.add_argument(
+        "--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info"
+    )
+    parser.set_defaults(func=run)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields the flags set (unset flags keep the engine's defaults)."""
+    options = {
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "num_blocks": args.num_blocks,
+        "block_size": args.block_size,
+        "policy": args.policy,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.no_prefix_caching:
+        options["enable_prefix_caching"] = False
+    if args.no_chunked_prefill:
+        options["enable_chunked_prefill"] = False
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    import torch
+    import uvicorn
+
+    from minengine.models.errors import ModelLoadError
+    from minengine.server.app import create_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            metrics_prefix=args.metrics_prefix,
+            **engine_options(args),
+        )
+    except (ModelLoadError, ValueError, TypeError) as e:
+        print(f"minengine serve: error: {e}", file=sys.stderr)
+        return 2
+    engine = app.state.llm.engine
+    print(
+        f"minengine: serving {app.state.model_name!r} on {engine.device} "
+        f"(max_model_len {engine.config.max_model_len}, {engine.scheduler.block_manager.num_blocks} KV "
+        f"blocks of {engine.config.block_size} tokens) at http://{args.host}:{args.port}/v1  "
+        f"(metrics: /metrics, health: /health)",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal
+        pass
+    return 0 if server.started else 1
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive(text) if text != "0" else 0
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return value

@@ -1,0 +1,383 @@
+"""A discrete-event simulator serving a workload with the engine's REAL ``Scheduler`` and ``BlockManager``.
+
+Each engine instance (``SimInstance``) runs the loop of ``LLMEngine.step`` without a model:
+``schedule()`` -> the executor predicts the step's time from the roofline -> the clock jumps to the end
+of the step -> ``update_from_output()`` with a dummy token for every request that samples -> a
+``StepRecord``. Requests that arrive while a step runs wait for the next ``schedule()``, as in the real
+engine. Every request carries the engine's ``RequestRecord``, so ``minengine.metrics.summarize`` reports
+the simulation exactly like a real run.
+
+Speed: arrivals are handed to the scheduler only as far as it could admit them in one step (``max_num_seqs
+- running + 1`` waiting requests) for the two built-in policies, which admit in queue order; the rest wait
+in a backlog that the StepRecord's ``num_waiting`` still counts. Without this, an overloaded run would
+walk a queue of thousands of requests on every step. Custom policies get every arrival at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from minengine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from minengine.engine.scheduler import DecodeFirstPolicy, PrefillFirstPolicy, Scheduler, SchedulerOutput
+from minengine.engine.sequence import Request, RequestStatus, SamplingParams
+from minengine.kvcalc import DEFAULT_ACTIVATION_RESERVE_BYTES
+from minengine.metrics.records import RequestRecord, StepRecord
+from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, summarize
+from minengine.perf.hardware import Accelerator
+from minengine.perf.roofline import CostModel
+from minengine.sim.executor import DUMMY_TOKEN, RooflineExecutor
+from minengine.sim.workload import RequestSpec, prompt_token_ids, with_rate
+
+
+# ------------------------------------------------------------------------------------------ set-up
+def resolve_config(cost_model: CostModel, config: EngineConfig | None = None, **kwargs: Any) -> EngineConfig:
+    """An ``EngineConfig`` (given, or built from keyword options) resolved for the model's context."""
+    if config is None:
+        config = EngineConfig.from_kwargs(**kwargs)
+    elif kwargs:
+        config = dataclasses.replace(config, **kwargs)
+    context = cost_model.model.max_position_embeddings or config.max_model_len or 4096
+    return config.resolved(context)
+
+
+def kv_cache_blocks(cost_model: CostModel, config: EngineConfig) -> int:
+    """KV blocks of one instance, by the engine's rules: ``num_blocks``, ``kv_cache_memory_bytes``, or
+    (on a datasheet GPU) memory x gpu_memory_utilization - weights - activation reserve, as vLLM and
+    ``minengine kv`` size it. A measured CPU gets the engine's fixed CPU budget."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    shape, acc = cost_model.model, cost_model.accelerator
+    per_block = config.block_size * shape.kv_bytes_per_token
+    if config.kv_cache_memory_bytes is not None:
+        budget = float(config.kv_cache_memory_bytes)
+    elif acc.key.startswith("this-machine-cpu"):
+        blocks_per_seq = -(-config.max_model_len // config.block_size)  # type: ignore[operator]
+        budget = min(DEFAULT_CPU_KV_CACHE_BYTES, config.max_num_seqs * blocks_per_seq * per_block)
+    else:
+        budget = acc.memory_bytes * config.gpu_memory_utilization - shape.weight_bytes
+        budget -= DEFAULT_ACTIVATION_RESERVE_BYTES
+    if budget < per_block:
+        raise ValueError(
+            f"{shape.name} ({shape.weight_bytes / 2**30:.1f} GiB of weights) leaves no room for a KV cache "
+            f"on {acc.name} ({acc.memory_bytes / 2**30:.0f} GiB); pick a bigger GPU or set num_blocks"
+        )
+    return int(budget // per_block)
+
+
+_PARAMS: dict[int, SamplingParams] = {}
+
+
+def make_request(spec: RequestSpec, index: int, max_tokens: int | None = None) -> Request:
+    """The engine request for a spec: dummy prompt ids, stops after exactly ``output_len`` tokens."""
+    n = spec.output_len if max_tokens is None else max_tokens
+    if n not in _PARAMS:
+        _PARAMS[n] = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return Request(str(index), prompt_token_ids(spec, index), _PARAMS[n], arrival_time=spec.arrival_time)
+
+
+# ---------------------------------------------------------------------------------------- one engine
+class SimInstance:
+    """One engine replica: the real Scheduler (and its BlockManager), a simulated executor, records."""
+
+    def __init__(self, name: str, config: EngineConfig, num_blocks: int, executor: RooflineExecutor) -> None:
+        self.name = name
+        self.now = 0.0
+        self.scheduler = Scheduler(config, num_blocks, clock=lambda: self.now)
+        self.executor = executor
+        self.backlog: deque[Request] = deque()  # arrived, not yet in the scheduler's waiting queue
+        self.transferred: deque[Request] = deque()  # disaggregation: KV arrived, waiting for a slot
+        self.incoming = 0  # disaggregation: KV transfers on their way here
+        self.steps: list[StepRecord] = []
+        self.busy = False
+        self._inflight: tuple[SchedulerOutput, float] | None = None
+        self._windowed = type(self.scheduler.policy) in (DecodeFirstPolicy, PrefillFirstPolicy)
+
+    @property
+    def load(self) -> int:
+        """Unfinished requests here (for least-loaded routing)."""
+        return len(self.scheduler.requests) + len(self.backlog) + len(self.transferred) + self.incoming
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.check_request(request)
+        self.backlog.append(request)
+
+    def start_step(self, now: float) -> float | None:
+        """Schedule a step at ``now``; returns when it ends, or None when there is nothing to run."""
+        self.now = now
+        self._feed()
+        if self.transferred:
+            self._admit_transferred()
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError(f"{self.name}: the scheduler scheduled nothing although "
+                                   f"{len(self.scheduler.requests)} requests are unfinished "
+                                   f"(policy {self.scheduler.policy!r})")
+            return None
+        self._inflight = (out, now)
+        return now + self.executor.execute(out)
+
+    def finish_step(self, end: float) -> list[Request]:
+        """End the running step at ``end``: append dummy tokens, stop requests, write the StepRecord."""
+        assert self._inflight is not None
+        out, start = self._inflight
+        self._inflight, self.now = None, end
+        sampled = {s.request.request_id: DUMMY_TOKEN for s in out.scheduled if s.sample}
+        finished = self.scheduler.update_from_output(out, sampled, now=end)
+        record = out.to_step_record(len(self.steps) + 1, start, end, t_forward=end - start)
+        record.num_waiting += len(self.backlog) + len(self.transferred)
+        self.steps.append(record)
+        return finished
+
+    def _feed(self) -> None:
+        sched = self.scheduler
+        if not self._windowed:
+            while self.backlog:
+                sched.add_request(self.backlog.popleft())
+            return
+        room = sched.max_num_seqs - len(sched.running) + 1 - len(sched.waiting)
+        while room > 0 and self.backlog:
+            sched.add_request(self.backlog.popleft())
+            room -= 1
+
+    def _admit_transferred(self) -> None:
+        """Disaggregation: place requests whose prompt KV arrived over the link straight into the running
+        batch with their prompt counted as computed (vLLM does this through its KV-connector hook)."""
+        sched = self.scheduler
+        bm = sched.block_manager
+        while self.transferred and len(sched.running) < sched.max_num_seqs:
+            req = self.transferred[0]
+            if not bm.allocate_slots(req, req.num_prompt_tokens, reserve=len(sched.running)):
+                break
+            self.transferred.popleft()
+            req.num_computed_tokens = req.num_prompt_tokens
+            req.status = RequestStatus.RUNNING
+            sched.running.append(req)
+            sched.requests[req.request_id] = req
+            bm.cache_blocks(req)
+
+
+# ------------------------------------------------------------------------------------------ routing
+def round_robin() -> Callable[[Sequence[SimInstance]], SimInstance]:
+    counter = itertools.count()
+    return lambda instances: instances[next(counter) % len(instances)]
+
+
+def least_loaded() -> Callable[[Sequence[SimInstance]], SimInstance]:
+    return lambda instances: min(instances, key=lambda inst: inst.load)
+
+
+ROUTERS = {"round_robin": round_robin, "least_loaded": least_loaded}
+
+
+def make_router(name: str) -> Callable[[Sequence[SimInstance]], SimInstance]:
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r}; use one of {', '.join(ROUTERS)}")
+    return ROUTERS[name]()
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass
+class SimResult:
+    """Records of one simulated run, as the real engine would have written them."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    instance_steps: dict[str, list[StepRecord]] = field(default_factory=dict, repr=False)
+    label: str = ""
+
+    def summary(self, slo: dict[str, float] | None = None) -> RunSummary:
+        return summarize(self.requests, self.steps, slo=slo)
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(s.num_preempted for s in self.steps)
+
+
+class EventLoop:
+    """A heap of (time, callback): the whole discrete-event machinery."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def at(self, time: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (time, next(self._seq), callback))
+
+    def run(self) -> None:
+        while self._heap:
+            self.now, _, callback = heapq.heappop(self._heap)
+            callback()
+
+
+class SimulatorBase:
+    """What the colocated simulator and the disaggregated cluster share: set-up, stepping, arrivals."""
+
+    cost_model: CostModel
+    config: EngineConfig
+    num_blocks: int
+
+    def _setup(self, model: Any, gpu: str | Accelerator, config: EngineConfig | None,
+               cost_model: CostModel | None, dtype: str | None, engine_kwargs: dict[str, Any]) -> None:
+        self.cost_model = cost_model if cost_model is not None else CostModel.create(model, gpu, dtype)
+        self.config = resolve_config(self.cost_model, config, **engine_kwargs)
+        self.num_blocks = kv_cache_blocks(self.cost_model, self.config)
+        self.executor = RooflineExecutor(self.cost_model)
+
+    def _instance(self, name: str, config: EngineConfig | None = None) -> SimInstance:
+        return SimInstance(name, config or self.config, self.num_blocks, self.executor)
+
+    def _validate(self, specs: Sequence[RequestSpec]) -> list[RequestSpec]:
+        if not specs:
+            raise ValueError("the workload has no requests")
+        limit, bs = self.config.max_model_len, self.config.block_size
+        assert limit is not None
+        for i, s in enumerate(specs):
+            total = min(limit, s.prompt_len + s.output_len)
+            if s.prompt_len >= limit or -(-(total - 1) // bs) > self.num_blocks:
+                raise ValueError(
+                    f"request {i} (prompt {s.prompt_len}, output {s.output_len} tokens) can never run: "
+                    f"max_model_len is {limit} and the KV cache holds {self.num_blocks * bs} tokens"
+                )
+        return sorted(specs, key=lambda s: s.arrival_time)
+
+    def _kick(self, loop: EventLoop, inst: SimInstance, on_done: Callable[[SimInstance, list[Request]], None]
+              ) -> None:
+        """Start a step on an idle instance; when it ends, hand its finished requests to ``on_done``."""
+        if inst.busy:
+            return
+        end = inst.start_step(loop.now)
+        if end is None:
+            return
+        inst.busy = True
+
+        def done() -> None:
+            inst.busy = False
+            on_done(inst, inst.finish_step(end))
+            self._kick(loop, inst, on_done)
+
+        loop.at(end, done)
+
+    def _arrivals(self, loop: EventLoop, specs: Sequence[RequestSpec], arrive: Callable[[int], None]) -> None:
+        """Schedule arrival ``i`` as an event; each arrival schedules the next (one pending at a time)."""
+        def step(i: int) -> None:
+            arrive(i)
+            if i + 1 < len(specs):
+                loop.at(specs[i + 1].arrival_time, lambda: step(i + 1))
+
+        loop.at(specs[0].arrival_time, lambda: step(0))
+
+
+class Simulator(SimulatorBase):
+    """Colocated serving: ``num_replicas`` identical engines (each its own scheduler and KV cache)
+    behind a router. ``Simulator("llama-2-7b", "h100", max_num_batched_tokens=512).run(workload)``.
+
+    Engine options are ``EngineConfig`` fields (policy, enable_chunked_prefill, max_num_seqs, ...);
+    ``cost_model`` replaces the datasheet roofline (e.g. a calibrated one).
+    """
+
+    def __init__(self, model: Any = "llama-2-7b", gpu: str | Accelerator = "h100",
+                 config: EngineConfig | None = None, *, cost_model: CostModel | None = None,
+                 num_replicas: int = 1, router: str = "round_robin", dtype: str | None = None,
+                 **engine_kwargs: Any) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        self._setup(model, gpu, config, cost_model, dtype, engine_kwargs)
+        self.num_replicas = num_replicas
+        self.router_name = router
+        make_router(router)  # validate now
+
+    def describe(self) -> str:
+        c = self.config
+        chunk = f"chunked prefill {c.max_num_batched_tokens}" if c.enable_chunked_prefill else "no chunking"
+        policy = c.policy if isinstance(c.policy, str) else type(c.policy).__name__
+        reps = f"{self.num_replicas} x " if self.num_replicas > 1 else ""
+        cm = self.cost_model
+        return (f"{reps}{cm.model.name} on {cm.accelerator.name}: {policy}, {chunk}, "
+                f"{self.num_blocks * c.block_size:,} KV tokens")
+
+    def run(self, workload: Sequence[RequestSpec]) -> SimResult:
+        specs = self._validate(workload)
+        instances = [self._instance(f"replica-{i}") for i in range(self.num_replicas)]
+        router = make_router(self.router_name)
+        loop, records = EventLoop(), []
+
+        def arrive(i: int) -> None:
+            req = make_request(specs[i], i)
+            records.append(req.record)
+            inst = router(instances)
+            inst.add_request(req)
+            self._kick(loop, inst, lambda inst, finished: None)
+
+        self._arrivals(loop, specs, arrive)
+        loop.run()
+        return collect_result(records, instances, self.describe())
+
+
+def collect_result(records: list[RequestRecord], instances: Sequence[SimInstance], label: str) -> SimResult:
+    steps = [s for inst in instances for s in inst.steps]
+    if len(instances) > 1:
+        steps.sort(key=lambda s: s.start)
+    return SimResult(records, steps, {inst.name: inst.steps for inst in instances}, label)
+
+
+def simulate(workload: Sequence[RequestSpec], model: Any = "llama-2-7b", gpu: str | Accelerator = "h100",
+             **kwargs: Any) -> SimResult:
+    """One-call form of ``Simulator(model, gpu, **kwargs).run(workload)``."""
+    return Simulator(model, gpu, **kwargs).run(workload)
+
+
+# ------------------------------------------------------------------------------------------- sweeps
+@dataclass
+class SweepResult:
+    """One run per request rate, same requests re-timed (``workload.with_rate``)."""
+
+    rates: list[float]
+    results: list[SimResult]
+    slo: dict[str, float] | None = None
+
+    @property
+    def summaries(self) -> list[RunSummary]:
+        return [r.summary(self.slo) for r in self.results]
+
+    def goodput(self, ttft_ms: float | None = None, tpot_ms: float | None = None, target: float = 0.9
+                ) -> float | None:
+        """DistServe's goodput: the highest rate with >= ``target`` of requests meeting both SLOs
+        (``metrics.max_rate_meeting_slo``; interpolated between the swept rates)."""
+        slo = self.slo or {}
+        ttft, tpot = ttft_ms or slo.get("ttft"), tpot_ms or slo.get("tpot")
+        if ttft is None or tpot is None:
+            raise ValueError("goodput needs both a TTFT and a TPOT SLO (e.g. ttft:500,tpot:50)")
+        return max_rate_meeting_slo(self.rates, [r.requests for r in self.results], ttft, tpot, target)
+
+    def table(self) -> str:
+        """Rate, throughput, p99 TTFT / TPOT / ITL and SLO attainment, one line per rate."""
+        head = f"{'rate':>8} {'req/s':>8} {'out tok/s':>10} {'p99 TTFT':>10} {'p99 TPOT':>10} {'p99 ITL':>9}"
+        head += f" {'SLO met':>8}" if self.slo else ""
+        lines = [head + "   (latencies in ms)"]
+        for rate, s in zip(self.rates, self.summaries, strict=True):
+            line = (f"{rate:>8g} {s.request_throughput:>8.2f} {s.output_throughput:>10.0f} "
+                    f"{1e3 * s.ttft.p99:>10.1f} {1e3 * s.tpot.p99:>10.1f} {1e3 * s.itl.p99:>9.1f}")
+            if self.slo:
+                line += f" {100 * (s.slo_attainment or 0.0):>7.1f}%"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def sweep(run: Callable[[Sequence[RequestSpec]], SimResult], workload: Sequence[RequestSpec],
+          rates: Sequence[float], *, burstiness: float = 1.0, seed: int = 0,
+          slo: dict[str, float] | None = None, progress: bool = True) -> SweepResult:
+    """Run ``run`` (``Simulator.run`` or ``DisaggregatedCluster.run``) at each rate, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    rates = sorted(float(r) for r in rates)
+    results = [run(with_rate(workload, rate, burstiness, seed))
+               for rate in tqdm(rates, desc="Simulating rates", disable=not progress, dynamic_ncols=True)]
+    return SweepResult(rates, results, slo)

@@ -1,0 +1,173 @@
+"""Roofline cost model: analytic checks against the numbers in REFERENCE.md and the seeds, model adapters,
+and the measured machine record."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from minengine.kvcalc import load_model_spec
+from minengine.perf import get_accelerator
+from minengine.perf.roofline import (
+    CostModel,
+    ModelShape,
+    attention_pairs,
+    roofline_points,
+    step_cost_of_record,
+)
+
+
+def ideal(model: str = "llama-2-7b", gpu: str = "h100") -> CostModel:
+    """The pure roofline: datasheet peaks, no efficiency loss, no overhead."""
+    return CostModel.create(model, gpu, compute_efficiency=1.0, memory_efficiency=1.0, overhead_s=0.0)
+
+
+def test_batch1_decode_is_weight_bytes_over_bandwidth() -> None:
+    """Seeds: 7B fp16 on an H100 needs ~14 GB / 3.35 TB/s = 4.2 ms per token, whatever the FLOPs."""
+    cm = ideal()
+    cost = cm.decode_cost(batch_size=1, context_len=1)
+    assert cost.bound == "memory"
+    weights_s = cm.model.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s
+    assert cost.time == pytest.approx(weights_s, rel=0.01)
+    assert cost.time == pytest.approx(4.2e-3, rel=0.06)  # 6.74e9 params x 2 B = 13.5 GB -> 4.02 ms
+    # Doubling the FLOPs of the chip does not move it; doubling the bandwidth halves it.
+    faster = get_accelerator("h100")
+    import dataclasses
+
+    more_flops = cm.with_(accelerator=dataclasses.replace(faster, bf16_tflops=2 * faster.bf16_tflops))
+    wider = dataclasses.replace(faster, bandwidth_bytes_per_s=2 * faster.bandwidth_bytes_per_s)
+    more_bw = cm.with_(accelerator=wider)
+    assert more_flops.decode_cost(1, 1).time == pytest.approx(cost.time)
+    assert more_bw.decode_cost(1, 1).time == pytest.approx(cost.time / 2, rel=0.01)
+
+
+@pytest.mark.parametrize("gpu, ridge", [("h100", 295), ("a100-80gb", 153), ("h200", 206)])
+def test_ridge_is_peak_over_bandwidth(gpu: str, ridge: float) -> None:
+    cm = ideal(gpu=gpu)
+    acc = get_accelerator(gpu)
+    assert cm.ridge_point == pytest.approx(acc.bf16_tflops * 1e12 / acc.bandwidth_bytes_per_s)
+    assert cm.ridge_point == pytest.approx(ridge, abs=1.5)
+    eff = cm.with_(compute_efficiency=0.5, memory_efficiency=0.8)
+    assert eff.effective_ridge_point == pytest.approx(ridge * 0.5 / 0.8, abs=1)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+def test_decode_intensity_is_about_batch_in_16_bit(batch: int) -> None:
+    """2 x params x B FLOPs over 2 x params bytes: intensity ~ B FLOP/byte (KV of 1 token is negligible)."""
+    cost = ideal().decode_cost(batch, context_len=1)
+    assert cost.intensity == pytest.approx(batch, rel=0.05)
+
+
+def test_prefill_flops_and_time_proportional_to_tokens_when_compute_bound() -> None:
+    cm = ideal()
+    m = cm.model
+    for tokens in (512, 2048, 8192):
+        cost = cm.prefill_cost(tokens)
+        assert cost.bound == "compute"
+        assert cost.linear_flops == 2 * m.body_flop_params * tokens + 2 * m.lm_head_params
+        pairs = tokens * (tokens + 1) // 2  # causal: query i sees keys 0..i
+        assert cost.attention_flops == 4 * m.num_attention_heads * m.head_dim * m.num_layers * pairs
+    per_token = [cm.prefill_cost(t).time / t for t in (1024, 2048, 4096)]
+    assert max(per_token) / min(per_token) < 1.1  # linear, bent only a little by attention's T^2 term
+    # 8k tokens: the quadratic term is now a visible share (~4 % at 2k, ~15 % at 8k for Llama-2-7B)
+    share = cm.prefill_cost(8192).attention_flops / cm.prefill_cost(8192).flops
+    assert 0.1 < share < 0.2
+    # A short prompt is memory-bound: 16 tokens cost what 1 does (the weights are read either way).
+    assert cm.prefill_cost(16).time == pytest.approx(cm.prefill_cost(1).time, rel=0.02)
+
+
+def test_seed_claim_decode_time_flat_until_ridge_then_linear() -> None:
+    """Seeds: decode time barely grows with batch (weights dominate) until the batch nears the ridge."""
+    cm = CostModel.create("llama-2-7b", "h100")  # default efficiencies and overhead
+    t1, t32 = cm.decode_cost(1, 128).time, cm.decode_cost(32, 128).time
+    assert t32 / t1 < 1.5
+    # far past the ridge (intensity ~ B >> 295): compute-bound, time doubles with the batch
+    big, bigger = cm.decode_cost(2048, 16), cm.decode_cost(4096, 16)
+    assert bigger.bound == "compute"
+    assert bigger.time / big.time == pytest.approx(2.0, rel=0.1)
+    points = roofline_points(cm, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    assert [p.bound for p in points][:6] == ["memory"] * 6
+    assert all(a.time <= b.time for a, b in zip(points, points[1:], strict=False))
+
+
+def test_long_context_kv_reads_dominate_mha_decode() -> None:
+    """Attention's KV reads grow with batch x context: at 4k context a 7B MHA decode batch of 32 reads
+    ~64 GiB of KV, far more than its 13.5 GB of weights."""
+    cost = ideal().decode_cost(32, 4096)
+    assert cost.kv_read_bytes == 32 * 4096 * 512 * 1024  # 0.5 MiB per token in fp16
+    assert cost.kv_read_bytes > 4 * cost.weight_bytes and cost.bound == "memory"
+
+
+def test_attention_pairs_with_and_without_window() -> None:
+    for chunk in (1, 3, 17):
+        for context in (0, 5, 40):
+            keys = [context + i + 1 for i in range(chunk)]
+            assert attention_pairs(chunk, context) == sum(keys)
+            for window in (1, 4, 16, 100):
+                assert attention_pairs(chunk, context, window) == sum(min(k, window) for k in keys)
+    mistral = ideal("mistral-7b")  # every layer slides over 4,096 tokens
+    assert mistral.decode_cost(1, 8000).kv_read_bytes == mistral.decode_cost(1, 4096).kv_read_bytes
+
+
+def test_model_shape_adapters_agree() -> None:
+    spec = load_model_spec("llama-3.1-8b")
+    from_preset, from_spec = ModelShape.from_model("llama-3.1-8b"), ModelShape.from_model(spec)
+    assert from_preset.num_params == from_spec.num_params == 8_030_261_248
+    assert from_preset.kv_bytes_per_token == from_spec.kv_bytes_per_token == 128 * 1024  # REFERENCE.md
+    assert from_preset.vocab_size == 128256 and from_spec.vocab_size == 0  # a bare KVSpec has no vocab
+    assert from_preset.max_position_embeddings == 131072
+    mixtral = ModelShape.from_model("mixtral-8x7b")
+    assert mixtral.active_params == pytest.approx(12.9e9, rel=0.01)  # 2 of 8 experts per token
+    assert ModelShape.from_model("llama-2-7b", dtype="fp8").weight_bytes == pytest.approx(6.74e9, rel=0.01)
+
+
+def test_model_shape_from_model_config_matches_hf_dict() -> None:
+    from minengine.models.config import ModelConfig
+    from minengine.models.loader import resolve_model_path
+
+    path = resolve_model_path(None) / "config.json"
+    hf = json.loads(path.read_text())
+    from_config = ModelShape.from_model(ModelConfig.from_hf(hf), dtype="fp32")
+    from_dict = ModelShape.from_model(hf, dtype="fp32")
+    for name in ("num_params", "num_layers", "kv_bytes_per_token", "body_flop_params", "lm_head_params"):
+        assert getattr(from_config, name) == getattr(from_dict, name), name
+    assert from_config.weight_bytes_per_param == 4 and from_config.tie_word_embeddings
+
+
+def test_step_cost_of_record_matches_chunks() -> None:
+    from minengine.metrics.records import StepRecord
+
+    cm = CostModel.create("llama-2-7b", "a100")
+    record = StepRecord(step=1, start=0.0, end=1.0, prefill_chunks=[(300, 100)], decode_context_lens=[10, 20])
+    assert step_cost_of_record(cm, record).time == pytest.approx(cm.step_time([(300, 100), (1, 9), (1, 19)]))
+    assert cm.step_cost([]).time == 0.0
+
+
+def test_measure_this_machine_is_quick_cached_and_persisted(tmp_path) -> None:
+    import torch
+
+    from minengine.perf.measure import measure_this_machine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        acc = measure_this_machine("cpu")
+        elapsed = time.perf_counter() - start
+        assert elapsed < 10  # ~0.5-3 s; generous for a busy shared machine
+        assert measure_this_machine("cpu") is acc  # cached
+        file = tmp_path / "machine.json"
+        again = measure_this_machine("cpu", persist=True, cache_file=file)
+        assert again == acc and json.loads(file.read_text())
+        assert measure_this_machine("cpu", persist=True, cache_file=file) == acc
+    finally:
+        torch.set_num_threads(threads)
+    print(f"\nthis machine: {acc.bandwidth_bytes_per_s / 1e9:.1f} GB/s read, "
+          f"{acc.bf16_tflops * 1e3:.1f} GFLOP/s fp32 matmul, ridge {acc.ridge_point:.1f} FLOP/byte")
+    assert 1e8 < acc.bandwidth_bytes_per_s < 1e13 and 1e-3 < acc.bf16_tflops < 1e3
+    assert math.isfinite(acc.ridge_point) and acc.source.startswith("measured")
+    cm = CostModel(acc, ModelShape.from_model("llama-2-7b", dtype="fp32"))
+    assert cm.decode_cost(1, 1).bound == "memory"
