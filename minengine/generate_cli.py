@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from minengine.cli_types import positive_int
+
 
 def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -31,7 +33,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", default=None, help="shipped name, HF folder or hub id (default: shipped model)"
     )
-    parser.add_argument("--max-tokens", type=_positive_int, default=128)
+    parser.add_argument("--max-tokens", type=positive_int, default=128)
     parser.add_argument(
         "--temperature",
         type=float,
@@ -43,7 +45,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
-    parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--base-url", default=None, help="stream from this OpenAI-compatible server instead")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="for --base-url")
     parser.set_defaults(func=run)
@@ -183,12 +185,3 @@ def _fail(message: str) -> int:
     print(f"minengine generate: error: {message}", file=sys.stderr)
     return 2
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value

@@ -266,7 +266,7 @@ def test_cli_sweep_disagg_and_trace(capsys, tmp_path) -> None:
     (["--gpu", "tpu-v9"], "unknown accelerator"),
     (["--model", "no-such-model"], "unknown model"),
     (["--disagg", "2"], "P:D"),
-    (["--rate", "-1"], "must be > 0"),
+    (["--rate", "-1"], "expected a number > 0"),
     (["--sweep", "1,x"], "not a number"),
     (["--slo", "ttft=5"], "bad SLO"),
     (["--prefix-len", "600"], "shorter than --input-len"),

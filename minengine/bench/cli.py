@@ -15,6 +15,8 @@ import math
 import os
 import sys
 
+from minengine.cli_types import non_negative_int, positive_int
+
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -36,12 +38,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataset-path", default=None, help='JSONL file: {"prompt": ..., "output_len": ...}')
     parser.add_argument(
         "--num-prompts",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="requests to send (default 100; jsonl: every line)",
     )
-    parser.add_argument("--input-len", "--random-input-len", type=_positive_int, default=128)
-    parser.add_argument("--output-len", "--random-output-len", type=_positive_int, default=64)
+    parser.add_argument("--input-len", "--random-input-len", type=positive_int, default=128)
+    parser.add_argument("--output-len", "--random-output-len", type=positive_int, default=64)
     parser.add_argument(
         "--range-ratio",
         "--random-range-ratio",
@@ -52,7 +54,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--prefix-len",
         "--random-prefix-len",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="tokens of shared prefix before every prompt",
     )
@@ -61,7 +63,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape: 1 Poisson, <1 burstier")
     parser.add_argument(
-        "--max-concurrency", type=_positive_int, default=None, help="cap on requests in flight"
+        "--max-concurrency", type=positive_int, default=None, help="cap on requests in flight"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -136,18 +138,3 @@ def run(args: argparse.Namespace) -> int:
     return 0 if not summary.errors else 1
 
 
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value

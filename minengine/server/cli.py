@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from minengine.cli_types import port, positive_int
+
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -28,7 +30,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
-    parser.add_argument("--port", type=_port, default=8000)
+    parser.add_argument("--port", type=port, default=8000)
     parser.add_argument(
         "--api-key",
         default=os.environ.get("MINENGINE_API_KEY"),
@@ -40,13 +42,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default="minengine",
         help="Prometheus name prefix; 'vllm' makes vLLM dashboards work unchanged",
     )
-    parser.add_argument("--max-model-len", type=_positive, default=None)
-    parser.add_argument("--max-num-seqs", type=_positive, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=_positive, default=None)
+    parser.add_argument("--max-model-len", type=positive_int, default=None)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
     parser.add_argument(
-        "--num-blocks", type=_positive, default=None, help="KV-cache blocks (default: sized from memory)"
+        "--num-blocks", type=positive_int, default=None, help="KV-cache blocks (default: sized from memory)"
     )
-    parser.add_argument("--block-size", type=_positive, default=None)
+    parser.add_argument("--block-size", type=positive_int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--no-chunked-prefill", action="store_true", help="turn chunked prefill off")
     parser.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
@@ -54,7 +56,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
     parser.add_argument(
         "--threads",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="torch CPU threads (default: torch's choice; 1 is fastest for tiny models on busy CPUs)",
     )
@@ -127,18 +129,3 @@ def run(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _positive(text) if text != "0" else 0
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
-    return value

@@ -18,39 +18,11 @@ import sys
 import time
 from typing import Any
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+from minengine.cli_types import non_negative_int, positive_float, positive_int
 
 
 def _rates(text: str) -> list[float]:
-    rates = [_positive_float(t) for t in text.split(",") if t.strip()]
+    rates = [positive_float(t) for t in text.split(",") if t.strip()]
     if not rates:
         raise argparse.ArgumentTypeError(f"{text!r}: give request rates like 1,2,4,8")
     return rates
@@ -60,7 +32,7 @@ def _disagg(text: str) -> tuple[int, int]:
     parts = text.split(":")
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"{text!r}: use P:D, e.g. 1:1 or 2:1 (prefill:decode instances)")
-    return _positive_int(parts[0]), _positive_int(parts[1])
+    return positive_int(parts[0]), positive_int(parts[1])
 
 
 def _slo(text: str) -> dict[str, float]:
@@ -79,21 +51,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--gpu", default="h100", help="accelerator key (h100, a100, h200, l4, ...) or "
                    "'this-machine' to measure this one (default: h100)")
     w.add_argument("--dtype", default=None, help="weight dtype (default: the model's, e.g. fp16)")
-    w.add_argument("--num-blocks", type=_positive_int, default=None,
+    w.add_argument("--num-blocks", type=positive_int, default=None,
                    help="KV blocks per instance (default: what fits in GPU memory, like vLLM)")
     g = p.add_argument_group("workload")
-    g.add_argument("--rate", type=_positive_float, default=math.inf,
+    g.add_argument("--rate", type=positive_float, default=math.inf,
                    help="requests per second (default: inf, everything at t=0)")
-    g.add_argument("--num-requests", type=_positive_int, default=200)
-    g.add_argument("--input-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
-    g.add_argument("--output-len", type=_positive_int, default=128, help="output tokens (default 128)")
+    g.add_argument("--num-requests", type=positive_int, default=200)
+    g.add_argument("--input-len", type=positive_int, default=512, help="prompt tokens (default 512)")
+    g.add_argument("--output-len", type=positive_int, default=128, help="output tokens (default 128)")
     g.add_argument("--range-ratio", type=float, default=0.0,
                    help="lengths uniform in [len x (1 - r), len x (1 + r)], like vLLM's random dataset")
-    g.add_argument("--burstiness", type=_positive_float, default=1.0,
+    g.add_argument("--burstiness", type=positive_float, default=1.0,
                    help="Gamma shape of the arrival gaps: 1 = Poisson, < 1 burstier (default 1)")
-    g.add_argument("--prefix-len", type=_non_negative_int, default=0,
+    g.add_argument("--prefix-len", type=non_negative_int, default=0,
                    help="tokens of shared prefix at the start of every prompt (counted in --input-len)")
-    g.add_argument("--num-prefixes", type=_positive_int, default=1, help="distinct shared prefixes")
+    g.add_argument("--num-prefixes", type=positive_int, default=1, help="distinct shared prefixes")
     g.add_argument("--trace", default=None, help="CSV or JSONL trace (arrival_time, prompt_len, output_len) "
                    "instead of a synthetic workload")
     g.add_argument("--seed", type=int, default=0)
@@ -102,16 +74,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="split long prompts into chunks that fit the token budget (default: on)")
     e.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV blocks of shared prefixes (default: on)")
-    e.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+    e.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="token budget per step (default 2048; max_model_len without chunking)")
-    e.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    e.add_argument("--max-num-seqs", type=positive_int, default=256)
     e.add_argument("--policy", choices=("decode_first", "prefill_first"), default="decode_first")
     c = p.add_argument_group("cluster")
-    c.add_argument("--replicas", type=_positive_int, default=1, help="colocated engine replicas (default 1)")
+    c.add_argument("--replicas", type=positive_int, default=1, help="colocated engine replicas (default 1)")
     c.add_argument("--router", choices=("round_robin", "least_loaded"), default="round_robin")
     c.add_argument("--disagg", type=_disagg, default=None, metavar="P:D",
                    help="disaggregate: P prefill and D decode instances")
-    c.add_argument("--link-gbps", type=_positive_float, default=50.0,
+    c.add_argument("--link-gbps", type=positive_float, default=50.0,
                    help="KV-transfer link bandwidth in GB/s, gigaBYTES (default 50, a 400 Gb/s NIC)")
     c.add_argument("--link-latency-ms", type=float, default=0.1, help="per-transfer latency (default 0.1)")
     s = p.add_argument_group("sweep and SLOs")
