@@ -267,7 +267,7 @@ def test_cli_sweep_disagg_and_trace(capsys, tmp_path) -> None:
     (["--model", "no-such-model"], "unknown model"),
     (["--disagg", "2"], "P:D"),
     (["--rate", "-1"], "expected a number > 0"),
-    (["--sweep", "1,x"], "not a number"),
+    (["--sweep", "1,x"], "expected a number"),
     (["--slo", "ttft=5"], "bad SLO"),
     (["--prefix-len", "600"], "shorter than --input-len"),
     (["--input-len", "5000"], "can never run"),
