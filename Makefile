@@ -15,15 +15,24 @@ EXTRAS ?= course,server,dev
 ARGS ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k kvcalc"
 PYTEST_ARGS ?=
+# Grading (see labs/README.md): the nbgrader course directory, and optional filters / paths.
+COURSE_DIR ?= build/course
+STUDENT ?=
+ASSIGNMENT ?=
+# make validate NB=workspace/labs/lab1_kv_calculator/lab1_kv_calculator.ipynb (empty: every lab and quiz)
+NB ?=
+GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assignment $(ASSIGNMENT))
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test setup lint clean-venv help
+.PHONY: course test setup lint clean-venv help release autograde feedback export validate
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
 	@echo "make test     set up and run the whole test suite"
 	@echo "make lint     ruff over the code"
+	@echo "make validate NB=path/to/lab.ipynb   check a lab or quiz (exits non-zero on failure)"
+	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
 
 setup: $(STAMP)
 
@@ -41,6 +50,22 @@ course: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
+release: $(STAMP)
+	$(PY) -m minengine.course release --course-dir $(COURSE_DIR)
+
+autograde: $(STAMP)
+	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER)
+
+feedback: $(STAMP)
+	$(PY) -m minengine.course feedback --course-dir $(COURSE_DIR) $(GRADING_FILTER)
+
+export: $(STAMP)
+	$(PY) -m minengine.course export --course-dir $(COURSE_DIR)
+
+validate: $(STAMP)
+	$(PY) -m minengine.course validate $(NB)
 
 lint: $(STAMP)
 	$(PY) -m ruff check minengine tests scripts

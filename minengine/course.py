@@ -1,7 +1,12 @@
-"""Course tooling: ``python -m minengine.course open`` sets up a learner's workspace and starts JupyterLab.
+"""Course tooling: ``python -m minengine.course <command>``.
 
-The learner never edits the files under version control: lessons are copied into a git-ignored
-``workspace/`` once, so ``git pull`` can update the course without clobbering anyone's notes.
+Learners: ``open`` sets up a workspace and starts JupyterLab; ``validate`` checks a lab or quiz.
+Instructors: ``release``, ``submit``, ``autograde``, ``feedback``, ``export`` run nbgrader on a course
+directory (``build/course/`` by default) assembled from ``labs/`` and ``quizzes/``.
+
+The learner never edits the files under version control: lessons and the *student versions* of labs and
+quizzes are copied into a git-ignored ``workspace/`` once, so ``git pull`` can update the course without
+clobbering anyone's work. The nbgrader sources (with solutions) never go there.
 """
 
 from __future__ import annotations
@@ -11,17 +16,35 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LESSONS_DIR = REPO_ROOT / "lessons"
 WORKSPACE_DIR = REPO_ROOT / "workspace"
+COURSE_DIR = REPO_ROOT / "build" / "course"
+# Source folders and where their student versions go in the workspace.
+GRADED_KINDS = {"labs": REPO_ROOT / "labs", "quizzes": REPO_ROOT / "quizzes"}
 
 # Flags that keep JupyterLab quiet and offline: no update checks, no news feed.
 OFFLINE_LAB_FLAGS = [
     "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     "--LabApp.news_url=None",
 ]
+
+
+def _copy_missing(src_dir: Path, dst_dir: Path, pattern: str = "**/*") -> list[Path]:
+    """Copy files that the destination lacks; never overwrite what a learner may have edited."""
+    copied = []
+    for src in sorted(src_dir.glob(pattern)):
+        if not src.is_file() or ".ipynb_checkpoints" in src.parts:
+            continue
+        dst = dst_dir / src.relative_to(src_dir)
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            copied.append(dst)
+    return copied
 
 
 def prepare_workspace(workspace: Path = WORKSPACE_DIR, lessons: Path = LESSONS_DIR) -> list[Path]:
@@ -31,12 +54,27 @@ def prepare_workspace(workspace: Path = WORKSPACE_DIR, lessons: Path = LESSONS_D
     """
     target = workspace / "lessons"
     target.mkdir(parents=True, exist_ok=True)
+    return _copy_missing(lessons, target, "*.ipynb")
+
+
+def place_student_versions(workspace: Path = WORKSPACE_DIR, course_dir: Path = COURSE_DIR,
+                           kinds: dict[str, Path] | None = None) -> list[Path]:
+    """Put the student versions of labs and quizzes in ``workspace/{labs,quizzes}/<id>/``.
+
+    They are generated first when missing or older than their sources. Returns the files newly copied.
+    """
+    from minengine import grading
+
+    kinds = GRADED_KINDS if kinds is None else kinds
+    per_kind = {kind: grading.discover_sources((root,)) for kind, root in kinds.items()}
+    sources = {a: src for found in per_kind.values() for a, src in found.items()}
+    if not sources:
+        return []
+    releases = grading.ensure_release(course_dir, sources)
     copied = []
-    for src in sorted(lessons.glob("*.ipynb")):
-        dst = target / src.name
-        if not dst.exists():
-            shutil.copy2(src, dst)
-            copied.append(dst)
+    for kind, found in per_kind.items():
+        for assignment in found:
+            copied += _copy_missing(releases[assignment], workspace / kind / assignment)
     return copied
 
 
@@ -44,6 +82,14 @@ def open_course(lab_args: list[str], workspace: Path = WORKSPACE_DIR) -> int:
     copied = prepare_workspace(workspace)
     if copied:
         print(f"Copied {len(copied)} lesson(s) into {workspace / 'lessons'}")
+    try:
+        placed = place_student_versions(workspace)
+    except Exception as exc:  # the lessons still work without the graded notebooks
+        print(f"Could not prepare the labs and quizzes ({exc}); the lessons are unaffected.", file=sys.stderr)
+    else:
+        if placed:
+            print(f"Copied {len(placed)} lab/quiz file(s) into {workspace / 'labs'} and "
+                  f"{workspace / 'quizzes'}")
     print(f"Starting JupyterLab in {workspace} (Ctrl+C to stop) ...", flush=True)
     env = dict(os.environ)
     # Offline by default: the shipped model never needs the network, and a hub lookup would hang.
@@ -60,16 +106,189 @@ def open_course(lab_args: list[str], workspace: Path = WORKSPACE_DIR) -> int:
         return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minengine.course", description=__doc__)
+# ------------------------------------------------------------------------------------- instructor side
+def _print_scores(scores: list) -> None:
+    if not scores:
+        print("no graded submissions yet")
+        return
+    width = max(len(s.student) for s in scores)
+    for s in sorted(scores, key=lambda s: (s.assignment, s.student)):
+        flag = "  (needs manual grading)" if s.needs_manual_grade else ""
+        print(f"  {s.assignment:24s} {s.student:{width}s} {s.score:6.1f} / {s.max_score:<5.1f}{flag}")
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from minengine import grading
+
+    released = grading.release(args.course_dir, timeout=args.timeout)
+    for assignment, folder in released.items():
+        print(f"released {assignment}: {folder}")
+    print(f"course directory: {args.course_dir} (nbgrader_config.py, gradebook.db, source/, release/)")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from minengine import grading
+
+    for path in grading.submit(args.student, args.paths, args.course_dir, args.assignment):
+        print(f"submitted {path}")
+    return 0
+
+
+def cmd_autograde(args: argparse.Namespace) -> int:
+    from minengine import grading
+
+    print("autograding (each notebook runs in a fresh kernel) ...", flush=True)
+    _print_scores(grading.autograde(args.course_dir, args.student, args.assignment))
+    return 0
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    from minengine import grading
+
+    made = grading.feedback(args.course_dir, args.student, args.assignment)
+    for path in made:
+        print(f"feedback {path}")
+    if not made:
+        print("nothing autograded yet: run autograde first")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from minengine import grading
+
+    dest = grading.export_grades(args.course_dir, args.to)
+    print(f"grades written to {dest}")
+    _print_scores(grading.scores(args.course_dir))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- learner side
+@dataclass(frozen=True)
+class Validation:
+    path: Path
+    passed: bool
+    problems: list[str]
+
+
+def _cell_title(source: str) -> str:
+    """A test cell's opening comment if it has one (ours say what they test), else its last line."""
+    lines = [ln.strip() for ln in source.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(empty cell)"
+    return (lines[0] if lines[0].startswith("#") else lines[-1])[:100]
+
+
+def validate(path: Path, timeout: int = 60) -> Validation:
+    """Run a notebook as nbgrader's Validate button does; failures come back as short readable lines.
+
+    Uses ``nbgrader.validator.Validator`` directly: ``nbgrader validate`` exits 0 even when tests fail.
+    """
+    import nbformat
+    from nbconvert.filters import strip_ansi
+    from nbgrader.validator import Validator
+    from traitlets.config import Config
+
+    from minengine.grading import KERNEL_ARGS, GradingError, grading_environment
+
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise GradingError(f"no such notebook: {path}")
+    nbformat.read(path, as_version=4)  # a clear error for a file that is not a notebook
+    config = Config()
+    config.Execute.timeout = int(timeout)
+    config.Execute.extra_arguments = list(KERNEL_ARGS)
+    with grading_environment():
+        results = Validator(config=config).validate(str(path))
+    problems = []
+    for cell in results.get("type_changed", []):
+        problems.append(f"a cell changed type ({cell['old_type']} -> {cell['new_type']}): "
+                        f"{_cell_title(cell['source'])}")
+    for cell in results.get("changed", []):
+        problems.append(f"a test cell was edited (it is restored for grading): {_cell_title(cell['source'])}")
+    for cell in results.get("failed", []):
+        error = [ln for ln in strip_ansi(cell.get("raw_error", "")).strip().splitlines() if ln.strip()]
+        problems.append(f"failed: {_cell_title(cell['source'])}\n      {error[-1] if error else ''}")
+    return Validation(path, not problems, problems)
+
+
+def workspace_notebooks(workspace: Path = WORKSPACE_DIR) -> list[Path]:
+    """The labs and quizzes a learner has in the workspace (what ``validate`` checks by default)."""
+    return sorted(p for kind in GRADED_KINDS for p in (workspace / kind).glob("*/*.ipynb")
+                  if ".ipynb_checkpoints" not in p.parts)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    paths = args.notebooks or workspace_notebooks(args.workspace)
+    if not paths:
+        print(f"no notebooks to validate: pass one, or run `make course` to fill {args.workspace}")
+        return 2
+    failed = 0
+    for path in paths:
+        print(f"validating {path} ...", flush=True)
+        result = validate(path, args.timeout)
+        if result.passed:
+            print("  PASSED: every test cell ran without error.")
+        else:
+            failed += 1
+            print(f"  FAILED: {len(result.problems)} problem(s); you would not get full marks:")
+            for problem in result.problems:
+                print(f"  - {problem}")
+    print(f"{len(paths) - failed} of {len(paths)} notebook(s) passed")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minengine.course", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_open = sub.add_parser("open", help="prepare workspace/ and start JupyterLab (extra args go to JupyterLab)")
+    p_open = sub.add_parser("open", help="prepare workspace/ and start JupyterLab (extra args go to it)")
     p_open.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
+
+    def course_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--course-dir", type=Path, default=COURSE_DIR, help="nbgrader course directory")
+        return p
+
+    p_rel = course_cmd("release", "build the course directory and generate the student versions")
+    p_rel.add_argument("--timeout", type=int, default=60, help="seconds per cell when grading (default 60)")
+    p_sub = course_cmd("submit", "put a student's notebooks under submitted/<student>/<assignment>/")
+    p_sub.add_argument("--student", required=True)
+    p_sub.add_argument("--assignment", help="needed only when a notebook's name does not say it")
+    p_sub.add_argument("paths", nargs="+", type=Path, help="notebooks, or folders of notebooks")
+    for name, help_text in (("autograde", "grade submissions (all, or one student / assignment)"),
+                            ("feedback", "write HTML feedback for autograded submissions")):
+        p = course_cmd(name, help_text)
+        p.add_argument("--student")
+        p.add_argument("--assignment")
+    p_exp = course_cmd("export", "write every grade to a CSV file")
+    p_exp.add_argument("--to", type=Path, help="CSV path (default: <course-dir>/grades.csv)")
+    p_val = sub.add_parser("validate", help="check a lab or quiz notebook; exits non-zero when a test fails")
+    p_val.add_argument("notebooks", nargs="*", type=Path, help="default: every lab and quiz in the workspace")
+    p_val.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
+    p_val.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
+    return parser
+
+
+COMMANDS = {"release": cmd_release, "submit": cmd_submit, "autograde": cmd_autograde,
+            "feedback": cmd_feedback, "export": cmd_export, "validate": cmd_validate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "open":
         return open_course(rest, args.workspace)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from minengine.grading import GradingError
+
+    try:
+        return COMMANDS[args.command](args)
+    except GradingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -47,9 +47,24 @@ def test_make_course_serves_jupyterlab(tmp_path):
         # lessons were copied into the workspace, never edited in place
         assert sorted(p.name for p in (tmp_path / "ws" / "lessons").glob("*.ipynb")) == sorted(
             p.name for p in (ROOT / "lessons").glob("*.ipynb"))
+        _check_student_versions(tmp_path / "ws")
     finally:
         _stop(proc)
         log.close()
+
+
+def _check_student_versions(ws: Path) -> None:
+    """Every lab and quiz sits in the workspace as its nbgrader student version, never as the source."""
+    for kind in ("labs", "quizzes"):
+        sources = sorted(p.relative_to(ROOT / kind) for p in (ROOT / kind).glob("*/*.ipynb"))
+        assert sorted(p.relative_to(ws / kind) for p in (ws / kind).glob("*/*.ipynb")) == sources
+        for rel in sources:
+            text = (ws / kind / rel).read_text()
+            for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+                assert marker not in text, f"{kind}/{rel} in the workspace contains {marker!r}"
+            assert "NotImplementedError" in text  # the answers are stubs for the learner to fill in
+            for data in (ROOT / kind / rel.parent).iterdir():  # data files come along
+                assert data.name.startswith(".") or (ws / kind / rel.parent / data.name).exists()
 
 
 def _stop(proc: subprocess.Popen) -> None:

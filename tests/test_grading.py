@@ -1,0 +1,312 @@
+"""COURSE.md's CI invariants for every graded notebook, checked by really running nbgrader.
+
+One temporary course directory per module: release once, submit the source, the blank release and every
+planted submission in tests/fixtures/grading/ (see its README), autograde them all in one pass, then
+check each invariant on the gradebook and the autograded notebooks.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minengine import course, grading
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "grading"
+SOURCES = {"lab1_kv_calculator": ROOT / "labs" / "lab1_kv_calculator",
+           "quiz1_two_phases": ROOT / "quizzes" / "quiz1_two_phases"}
+TIMEOUT = 15  # seconds per cell: short, so the planted infinite loops cost little (torch imports in ~3 s)
+PLANTED = [(a, p.stem) for a in SOURCES for p in sorted((FIXTURES / a).glob("*.txt"))]
+SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
+
+
+# ------------------------------------------------------------------------------------ building students
+def notebook_of(folder: Path) -> Path:
+    (nb,) = folder.glob("*.ipynb")
+    return nb
+
+
+def grade_id(cell: nbformat.NotebookNode) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+def parse_fixture(path: Path) -> tuple[set[str], dict[str, str | None]]:
+    """(cells expected to score 0, edits: grade_id -> new source, or None to delete the cell)."""
+    lost: set[str] | None = None
+    edits: dict[str, str | None] = {}
+    current: str | None = None
+    for line in path.read_text().splitlines():
+        if line.startswith("# lost:"):
+            lost = set(line.removeprefix("# lost:").split())
+        elif line.startswith("# %% delete "):
+            edits[line.split()[-1]], current = None, None
+        elif line.startswith("# %% "):
+            current = line.split()[-1]
+            edits[current] = ""
+        elif current is not None:
+            edits[current] += line + "\n"
+    assert lost is not None, f"{path} has no '# lost:' line"
+    return lost, {k: (v.strip("\n") if v is not None else None) for k, v in edits.items()}
+
+
+def perfect_student(release_nb: Path, source_nb: Path) -> nbformat.NotebookNode:
+    """The student version with every answer cell replaced by the source's solution (markers dropped)."""
+    solutions = {grade_id(c): c.source for c in nbformat.read(source_nb, as_version=4).cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    nb = nbformat.read(release_nb, as_version=4)
+    for cell in nb.cells:
+        if grade_id(cell) in solutions:
+            cell.source = "\n".join(ln for ln in solutions[grade_id(cell)].splitlines()
+                                    if not SOLUTION_MARKERS.match(ln))
+    return nb
+
+
+def planted_student(release_nb: Path, source_nb: Path, edits: dict[str, str | None]) -> nbformat.NotebookNode:
+    nb = perfect_student(release_nb, source_nb)
+    ids = {grade_id(c) for c in nb.cells}
+    assert set(edits) <= ids, f"fixture edits unknown cells: {set(edits) - ids}"
+    nb.cells = [c for c in nb.cells if not (grade_id(c) in edits and edits[grade_id(c)] is None)]
+    for cell in nb.cells:
+        if edits.get(grade_id(cell)) is not None:
+            cell.source = edits[grade_id(cell)]
+    return nb
+
+
+def graded_cells(nb_path: Path) -> dict[str, float]:
+    """grade_id -> points of every test cell of a notebook."""
+    cells = nbformat.read(nb_path, as_version=4).cells
+    return {grade_id(c): float(c.metadata["nbgrader"]["points"])
+            for c in cells if c.metadata.get("nbgrader", {}).get("grade")}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("grading")
+    course_dir = tmp / "course"
+    released = grading.release(course_dir, SOURCES, timeout=TIMEOUT)
+    expected_lost: dict[tuple[str, str], set[str]] = {}
+    for assignment, src in SOURCES.items():
+        source_nb, release_nb = notebook_of(src), notebook_of(released[assignment])
+        points = graded_cells(source_nb)
+        grading.submit("solution", [source_nb], course_dir)  # the source itself, markers and all
+        expected_lost[assignment, "solution"] = set()
+        grading.submit("blank", [release_nb], course_dir)
+        expected_lost[assignment, "blank"] = set(points)
+        for fixture in sorted((FIXTURES / assignment).glob("*.txt")):
+            lost, edits = parse_fixture(fixture)
+            assert lost <= set(points), f"{fixture}: unknown cells in '# lost:'"
+            path = tmp / "students" / fixture.stem / release_nb.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(planted_student(release_nb, source_nb, edits), path)
+            grading.submit(fixture.stem, [path], course_dir)
+            expected_lost[assignment, fixture.stem] = lost
+    start = time.monotonic()
+    grading.autograde(course_dir)
+    return dict(course_dir=course_dir, released=released, expected_lost=expected_lost,
+                autograde_s=time.monotonic() - start)
+
+
+def autograded_nb(graded: dict, student: str, assignment: str) -> nbformat.NotebookNode:
+    folder = graded["course_dir"] / "autograded" / student / assignment
+    return nbformat.read(notebook_of(folder), as_version=4)
+
+
+def cell(nb: nbformat.NotebookNode, gid: str) -> nbformat.NotebookNode:
+    (found,) = [c for c in nb.cells if grade_id(c) == gid]
+    return found
+
+
+# ----------------------------------------------------------------------------------------- invariants
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_generate_succeeds_and_sizes(graded: dict, assignment: str) -> None:
+    release_dir = graded["released"][assignment]
+    for f in (p for p in SOURCES[assignment].iterdir() if p.is_file()):  # data files travel along
+        assert (release_dir / f.name).is_file()
+    points = graded_cells(notebook_of(SOURCES[assignment]))
+    if assignment.startswith("lab"):
+        assert sum(points.values()) >= 10 and len(points) >= 4
+    else:
+        assert len(points) >= 8
+
+
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_release_holds_no_solution_and_no_hidden_test(graded: dict, assignment: str) -> None:
+    source_text = notebook_of(SOURCES[assignment]).read_text()
+    release_nb = nbformat.read(notebook_of(graded["released"][assignment]), as_version=4)
+    release_code = "\n".join(c.source for c in release_nb.cells if c.cell_type == "code")
+    assert "### BEGIN SOLUTION" in source_text  # the source uses the markers ...
+    for marker in grading.LEAK_MARKERS:
+        assert marker not in nbformat.writes(release_nb)  # ... and the release has none left
+    hidden = re.findall(r"### BEGIN (SOLUTION|HIDDEN TESTS)\n(.*?)### END \1",
+                        "\n".join(c.source for c in nbformat.read(notebook_of(SOURCES[assignment]),
+                                                                  as_version=4).cells), flags=re.S)
+    secret_lines = {ln.strip() for _, block in hidden for ln in block.splitlines() if len(ln.strip()) >= 6}
+    assert secret_lines
+    release_lines = {ln.strip() for ln in release_code.splitlines()}
+    assert not secret_lines & release_lines
+    # Quiz answers can't be read off: no answer variable is assigned anywhere in the release.
+    assert not re.search(r"^\s*q\d+\s*=", release_code, flags=re.M)
+
+
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_source_submitted_as_a_student_gets_full_marks(graded: dict, assignment: str) -> None:
+    scores = grading.cell_scores(assignment, "solution", graded["course_dir"])
+    assert scores == graded_cells(notebook_of(SOURCES[assignment]))
+
+
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_unedited_release_scores_zero(graded: dict, assignment: str) -> None:
+    scores = grading.cell_scores(assignment, "blank", graded["course_dir"])
+    assert scores and set(scores.values()) == {0.0}
+
+
+@pytest.mark.parametrize(("assignment", "student"), PLANTED)
+def test_planted_submission_loses_exactly_the_expected_points(graded: dict, assignment: str,
+                                                               student: str) -> None:
+    points = graded_cells(notebook_of(SOURCES[assignment]))
+    lost = graded["expected_lost"][assignment, student]
+    expected = {gid: (0.0 if gid in lost else p) for gid, p in points.items()}
+    assert grading.cell_scores(assignment, student, graded["course_dir"]) == expected
+    (score,) = [s for s in grading.scores(graded["course_dir"])
+                if (s.student, s.assignment) == (student, assignment)]
+    assert not score.needs_manual_grade
+
+
+def test_wrong_answers_fail_on_the_arithmetic_not_on_a_crash(graded: dict) -> None:
+    nb = autograded_nb(graded, "forgot_factor_two", "lab1_kv_calculator")
+    (error,) = [o for o in cell(nb, "test_per_token_mha").outputs if o.output_type == "error"]
+    assert error.ename == "AssertionError" and "expected 524,288, got 262,144" in error.evalue
+
+
+@pytest.mark.parametrize(("student", "assignment", "gid"), [
+    ("deleted_test_cell", "lab1_kv_calculator", "test_plot"),
+    ("tampered_test_cell", "lab1_kv_calculator", "test_concurrency"),
+    ("sabotage", "quiz1_two_phases", "check_q4"),
+    ("sabotage", "quiz1_two_phases", "check_q7"),
+])
+def test_deleted_or_tampered_test_cells_are_restored(graded: dict, student: str, assignment: str,
+                                                     gid: str) -> None:
+    original = cell(nbformat.read(notebook_of(graded["released"][assignment]), as_version=4), gid)
+    restored = cell(autograded_nb(graded, student, assignment), gid)
+    # The autograded copy runs the instructor's cell (with its hidden tests; nbgrader may add a comment).
+    assert original.source.strip() in restored.source
+    assert any(o.output_type == "error" for o in restored.outputs)
+
+
+@pytest.mark.parametrize(("student", "assignment", "gid"), [
+    ("infinite_loop", "lab1_kv_calculator", "answer_concurrency"),
+    ("sabotage", "quiz1_two_phases", "answer_q3"),
+])
+def test_an_infinite_loop_times_out_and_the_rest_is_graded(graded: dict, student: str, assignment: str,
+                                                           gid: str) -> None:
+    nb = autograded_nb(graded, student, assignment)
+    errors = [o for o in cell(nb, gid).outputs if o.output_type == "error"]
+    assert errors and errors[0].ename in ("KeyboardInterrupt", "CellTimeoutError")
+    later = nb.cells[nb.cells.index(cell(nb, gid)) + 1:]
+    assert any(c.cell_type == "code" and c.get("execution_count") for c in later)  # the kernel carried on
+
+
+def test_widgets_stay_off_while_grading(graded: dict) -> None:
+    nb = autograded_nb(graded, "solution", "lab1_kv_calculator")
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert "skipped while grading" in "".join(o.get("text", "") for o in last.outputs)
+
+
+def test_autograde_is_reasonably_fast(graded: dict) -> None:
+    students = len(graded["expected_lost"])
+    # Two planted infinite loops cost one timeout each; the rest is a few seconds a notebook.
+    assert graded["autograde_s"] < 2 * TIMEOUT + 12 * students, graded["autograde_s"]
+
+
+def test_feedback_and_grades_csv(graded: dict) -> None:
+    course_dir = graded["course_dir"]
+    made = grading.feedback(course_dir, student="ignores_head_dim")
+    assert [p.name for p in made] == ["lab1_kv_calculator.html"]
+    html = made[0].read_text()
+    assert "lab1_check_per_token_gqa" in html  # the hidden test that failed is shown to the student
+    rows = list(csv.DictReader(grading.export_grades(course_dir).open()))
+    got = {(r["assignment"], r["student_id"]): float(r["score"]) for r in rows}
+    for (assignment, student), lost in graded["expected_lost"].items():
+        points = graded_cells(notebook_of(SOURCES[assignment]))
+        assert got[assignment, student] == sum(p for gid, p in points.items() if gid not in lost)
+
+
+# -------------------------------------------------------------------------------------------- validate
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_validator_passes_the_solution(assignment: str) -> None:
+    result = course.validate(notebook_of(SOURCES[assignment]), timeout=TIMEOUT)
+    assert result.passed, result.problems
+
+
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_validate_command_fails_on_the_blank_release(graded: dict, assignment: str,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    nb = notebook_of(graded["released"][assignment])
+    assert course.main(["validate", str(nb), "--timeout", str(TIMEOUT)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "0 of 1 notebook(s) passed" in out
+
+
+def test_validator_ignores_stderr_noise_from_a_correct_answer(graded: dict, tmp_path: Path) -> None:
+    """Validate has no IgnorePattern: the test cells' own silencing must keep torch's warnings out."""
+    src, rel = SOURCES["lab1_kv_calculator"], graded["released"]["lab1_kv_calculator"]
+    _, edits = parse_fixture(FIXTURES / "lab1_kv_calculator" / "noisy_but_correct.txt")
+    (tmp_path / "models.json").write_bytes((rel / "models.json").read_bytes())
+    path = tmp_path / "lab1_kv_calculator.ipynb"
+    nbformat.write(planted_student(notebook_of(rel), notebook_of(src), edits), path)
+    result = course.validate(path, timeout=TIMEOUT)
+    assert result.passed, result.problems
+
+
+# ------------------------------------------------------------------------------------- cheap unit tests
+def test_submit_finds_the_assignment_and_refuses_strays(graded: dict, tmp_path: Path) -> None:
+    course_dir = graded["course_dir"]
+    renamed = tmp_path / "quiz (1).ipynb"
+    renamed.write_bytes(notebook_of(graded["released"]["quiz1_two_phases"]).read_bytes())
+    with pytest.raises(grading.GradingError, match="--assignment"):
+        grading.submit("carol", [renamed], course_dir)
+    (placed,) = grading.submit("carol", [renamed], course_dir, assignment="quiz1_two_phases")
+    assert placed == course_dir.resolve() / "submitted/carol/quiz1_two_phases/quiz1_two_phases.ipynb"
+    assert (placed.parent / "timestamp.txt").read_text().strip().endswith("UTC")
+    with pytest.raises(grading.GradingError, match="bad student id"):
+        grading.submit("../x", [renamed], course_dir)
+
+
+def test_quiz_digests_normalise_answers_and_hide_them() -> None:
+    from minengine import autocheck
+
+    d = autocheck.choice_digest("quiz9.q1", "AC")
+    for fine in ("AC", "ca", " a, c ", "(C)(A)"):
+        autocheck.check_choice("quiz9.q1", fine, d)
+    for wrong, message in ((None, "no answer yet"), ("A", "not the answer"), ("E", "letter"), (3, "letter")):
+        with pytest.raises(AssertionError, match=message):
+            autocheck.check_choice("quiz9.q1", wrong, d)
+    assert "AC" not in d and autocheck.choice_digest("quiz9.q2", "AC") != d  # salted per question
+    n = autocheck.number_digest("quiz9.q3", 295.2, step=10)
+    for fine in (290, 295.2, 300, 305):
+        autocheck.check_number("quiz9.q3", fine, n, step=10)
+    for wrong in (250, 330, True, "295"):
+        with pytest.raises(AssertionError):
+            autocheck.check_number("quiz9.q3", wrong, n, step=10)
+
+
+def test_quiet_swallows_python_and_c_level_stderr(capfd: pytest.CaptureFixture) -> None:
+    import os
+    import sys
+    import warnings
+
+    from minengine.autocheck import quiet
+
+    with quiet():
+        warnings.warn("drill", UserWarning, stacklevel=1)
+        print("python-level", file=sys.stderr)
+        os.write(2, b"c-level\n")
+    assert capfd.readouterr().err == ""
+    with pytest.raises(AssertionError), quiet():
+        raise AssertionError("still propagates")
