@@ -34,6 +34,7 @@ import numpy as np
 from minengine.bench.datasets import SampleRequest, random_requests
 from minengine.metrics.records import RequestRecord
 from minengine.metrics.stats import RunSummary, parse_slo, summarize
+from minengine.sim.workload import arrival_times
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -167,15 +168,11 @@ def build_payload(
 
 # ---- a whole run ----
 def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
-    """Send times (s after the start): first at 0, then Gamma gaps of mean 1/rate (all 0 for rate inf)."""
-    if not request_rate > 0:
-        raise ValueError(f"request_rate must be > 0 (inf = all at once), got {request_rate}")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be > 0, got {burstiness}")
-    if math.isinf(request_rate):
-        return np.zeros(n)
-    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=n)
-    return np.concatenate([[0.0], np.cumsum(gaps[: n - 1])])[:n]
+    """Send times (s after the start): first at 0, then Gamma gaps of mean 1/rate (all 0 for rate inf).
+
+    The same arrival process as the simulator's workloads, so a bench run and a simulation of it match.
+    """
+    return arrival_times(request_rate, n, burstiness, rng=seed)
 
 
 async def run_benchmark(

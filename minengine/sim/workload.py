@@ -127,7 +127,7 @@ def arrival_times(rate: float, num_requests: int, burstiness: float = 1.0,
         raise ValueError(f"request rate must be > 0 (or inf), got {rate}")
     if not burstiness > 0:
         raise ValueError(f"burstiness must be > 0, got {burstiness}")
-    if math.isinf(rate):
+    if math.isinf(rate) or num_requests == 0:
         return np.zeros(num_requests)
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num_requests)
