@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh clone (Python >= 3.10 and make are all you need):
 #   make course   set up .venv, then open the course in JupyterLab (offline, on the shipped model)
-#   make test     set up .venv, then run every test
+#   make test     set up .venv, then run every test (with the browser tests when Chromium is there)
 # Both are idempotent: set-up is skipped while .venv is newer than pyproject.toml.
 
 PYTHON ?= python3
@@ -25,11 +25,12 @@ GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assi
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test setup lint clean-venv help release autograde feedback export validate
+.PHONY: course test test-browser browser setup lint clean-venv help release autograde feedback export validate
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
 	@echo "make test     set up and run the whole test suite"
+	@echo "make test-browser   only the end-to-end tests: JupyterLab in headless Chromium (screenshots in build/browser-artifacts/)"
 	@echo "make lint     ruff over the code"
 	@echo "make validate NB=path/to/lab.ipynb   check a lab or quiz (exits non-zero on failure)"
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
@@ -48,8 +49,18 @@ $(STAMP): pyproject.toml
 course: $(STAMP)
 	$(PY) -m minengine.course open $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
+test-browser: $(STAMP) browser
+	$(PY) -m pytest -m browser tests/browser $(PYTEST_ARGS)
+
+# Debian's chromium for the browser tests, when we are root with apt-get and it is missing (quiet,
+# idempotent, never fails the build). Skip it with: make test BROWSER_INSTALL=0
+BROWSER_INSTALL ?= 1
+browser:
+	@$(if $(filter 1,$(BROWSER_INSTALL)),sh scripts/install_browser.sh,true)
 
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
 release: $(STAMP)

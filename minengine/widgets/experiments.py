@@ -30,7 +30,7 @@ from minengine.metrics.stats import summarize
 if TYPE_CHECKING:  # lessons_util imports torch: load it when a widget is built, not on import
     from minengine.lessons_util import DeviceProfile, RunResult
 
-MODEL_CHOICES = {"shipped": "shipped tinystories-4m (3.5M params)", "random": "random-weight Llama (bigger)"}
+MODEL_CHOICES = {"shipped": "shipped (3.5M params)", "random": "random Llama (bigger)"}
 MAX_TOKENS_PER_RUN = {"cpu": 65_536, "mps": 131_072, "cuda": 4_194_304}  # batch x (prompt + output)
 
 

@@ -3,7 +3,9 @@
 The figure is a plain matplotlib ``Figure`` rendered to PNG into a ``widgets.Image``, so it works in any
 Jupyter front end without ipympl, and tests can drive it without a browser: set ``.value`` on a control,
 then read ``.estimate``, ``.text`` or the figure's line data. Interactive parts carry stable CSS classes
-(``me-kv-*``) for browser tests.
+(``me-kv-*``) for browser tests (tests/browser/). The layout is sized for a 1280x900 screen with
+JupyterLab's file browser open: two columns of controls, then the answer in a sentence and the plot, so a
+learner sees the picture change while moving a slider; the full table follows.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import html
 import io
 import math
+from pathlib import Path
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -33,9 +36,15 @@ from minengine.perf.hardware import ACCELERATORS
 def _token_label(n: int) -> str:
     if n <= 0:
         return "0"
-    if n >= 2**20 and n % 2**20 == 0:
-        return f"{n // 2**20}M"
+    if n >= 2**20 and n % 2**19 == 0:
+        return f"{n / 2**20:g}M"
     return f"{n // 1024}K" if n % 1024 == 0 else (f"{n / 1024:g}K" if n >= 1024 else str(n))
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    """``org/name`` that is no file here: the calculator will fetch its config.json from the Hub."""
+    return (text.count("/") == 1 and all(text.split("/")) and not text.endswith(".json")
+            and not text.startswith((".", "/", "~")) and not Path(text).expanduser().exists())
 
 
 # Log-spaced choices (1, 1.5, 2, 3, 4, 6, ... x): capacity questions span 512 to 1M tokens.
@@ -53,7 +62,7 @@ class KVCalculatorWidget:
                  kv_cache_dtype: str = "auto", gpu: str = "h100-sxm", gpu_memory_utilization: float = 0.9,
                  tensor_parallel_size: int = 1) -> None:
         style = {"description_width": "110px"}
-        layout = widgets.Layout(width="430px")
+        layout = widgets.Layout(width="400px")
         self.model = widgets.Dropdown(options=list_presets(), value=model, description="Model",
                                       style=style, layout=layout).add_class("me-kv-model")
         self.config = widgets.Text(value="", description="or config.json", continuous_update=False,
@@ -79,8 +88,9 @@ class KVCalculatorWidget:
                                                readout_format=".2f", style=style,
                                                layout=layout).add_class("me-kv-utilization")
         self.message = widgets.HTML().add_class("me-kv-message")
+        self.summary = widgets.HTML().add_class("me-kv-summary")
         self.table = widgets.HTML().add_class("me-kv-table")
-        self.plot = widgets.Image(format="png").add_class("me-kv-plot")
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-kv-plot")
 
         self.figure = Figure(figsize=(10, 3.4), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
@@ -94,8 +104,11 @@ class KVCalculatorWidget:
                          self.utilization]
         for control in self.controls:
             control.observe(self._on_change, names="value")
-        inputs = widgets.VBox(self.controls)
-        self.widget = widgets.VBox([inputs, self.message, self.table, self.plot]).add_class("me-kv-calculator")
+        # Two columns (they wrap on a narrow screen): what is served, then where it runs.
+        inputs = widgets.HBox([widgets.VBox(self.controls[:4]), widgets.VBox(self.controls[4:])],
+                              layout=widgets.Layout(flex_flow="row wrap"))
+        self.results = [self.summary, self.plot, self.table]  # hidden while the input is unusable
+        self.widget = widgets.VBox([inputs, self.message, *self.results]).add_class("me-kv-calculator")
         self.update()
 
     def _on_change(self, _change: dict) -> None:
@@ -103,8 +116,12 @@ class KVCalculatorWidget:
 
     def update(self) -> None:
         """Recompute from the controls; bad input becomes a message, never an exception."""
+        source = self.config.value.strip()
+        if _looks_like_hub_id(source):  # fetching config.json can take seconds online: say what is happening
+            self.message.value = (f"<div class='me-kv-busy'>looking up {html.escape(source)} on the Hugging Face "
+                                  "Hub...</div>")
         try:
-            spec = load_model_spec(self.config.value.strip() or self.model.value)
+            spec = load_model_spec(source or self.model.value)
             est = estimate(spec, self.context.value, self.batch.value, kv_cache_dtype=self.kv_dtype.value,
                            tensor_parallel_size=self.tp.value, gpu=self.gpu.value,
                            gpu_memory_utilization=self.utilization.value)
@@ -118,16 +135,24 @@ class KVCalculatorWidget:
         self.text = format_estimate(est) + "\n\n" + explain(est)
         self.message.value = "".join(f"<div class='me-kv-warning'>note: {html.escape(w)}</div>"
                                      for w in est.warnings)
-        rows = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(label)}</th>"
-                       f"<td style='padding-right:1em'>{html.escape(value)}</td>"
-                       f"<td style='color:#666'>{html.escape(note)}</td></tr>"
-                       for label, value, note in estimate_rows(est))
-        self.table.value = (f"<b>{html.escape(title(est))}</b><table>{rows}</table>"
-                            f"<p>{html.escape(explain(est))}</p>")
+        self.summary.value = f"<b>{html.escape(title(est))}</b><p>{html.escape(explain(est))}</p>"
+        self.table.value = "<table>" + "".join(self._row(*row) for row in estimate_rows(est)) + "</table>"
+        for part in self.results:
+            part.layout.display = None
         self._draw(est)
+
+    @staticmethod
+    def _row(label: str, value: str, note: str) -> str:
+        """One table row; a batch that does not fit is red, the first thing a learner should notice."""
+        alarm = " style='color:#b00020;font-weight:bold'" if label == "fits" and value == "NO" else ""
+        return (f"<tr><th style='text-align:left;padding-right:1em;white-space:nowrap'>{html.escape(label)}</th>"
+                f"<td style='padding-right:1em'{alarm}>{html.escape(value)}</td>"
+                f"<td style='color:#666'>{html.escape(note)}</td></tr>")
 
     def _show_error(self, text: str) -> None:
         self.error, self.estimate, self.text = text, None, text
+        for part in self.results:  # numbers from the previous input would read as the answer to this one
+            part.layout.display = "none"
         self.message.value = f"<div class='me-kv-error' style='color:#b00020'><b>Cannot compute:</b> " \
                              f"{html.escape(text)}</div>"
 
