@@ -64,12 +64,15 @@ def test_memory_bar_shows_weights_and_kv(widget: KVCalculatorWidget) -> None:
 def test_bad_input_shows_message_and_recovers(widget: KVCalculatorWidget) -> None:
     widget.config.value = "/no/such/config.json"
     assert widget.error and "no such config file" in widget.message.value and "me-kv-error" in widget.message.value
+    # the previous answer must not stay on screen under the error, as if it answered the bad input
+    assert all(part.layout.display == "none" for part in (widget.summary, widget.plot, widget.table))
     widget.config.value = ""
     widget.model.value = "qwen2.5-7b"  # 28 query heads cannot split over 8 GPUs
     widget.tp.value = 8
     assert widget.estimate is None and "TP=8" in widget.message.value
     widget.tp.value = 1
     assert widget.error is None and widget.estimate.spec.name == "qwen2.5-7b"
+    assert all(part.layout.display != "none" for part in (widget.summary, widget.plot, widget.table))
     assert "56.0 KiB" in widget.text  # 28 layers x 2 x 4 KV heads x 128 x 2 bytes
 
 
