@@ -90,6 +90,7 @@ def open_course(lab_args: list[str], workspace: Path = WORKSPACE_DIR) -> int:
         if placed:
             print(f"Copied {len(placed)} lab/quiz file(s) into {workspace / 'labs'} and "
                   f"{workspace / 'quizzes'}")
+    _write_learner_nbgrader_config(workspace)
     print(f"Starting JupyterLab in {workspace} (Ctrl+C to stop) ...", flush=True)
     env = dict(os.environ)
     # Offline by default: the shipped model never needs the network, and a hub lookup would hang.
@@ -101,9 +102,24 @@ def open_course(lab_args: list[str], workspace: Path = WORKSPACE_DIR) -> int:
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in lab_args:
         cmd.append("--allow-root")  # containers and CI often run as root; JupyterLab refuses otherwise
     try:
-        return subprocess.call(cmd, env=env)
+        # cwd = workspace: nbgrader's Validate button reads nbgrader_config.py from the server's cwd
+        return subprocess.call(cmd, env=env, cwd=workspace)
     except KeyboardInterrupt:
         return 0
+
+
+LEARNER_NBGRADER_CONFIG = """\
+# Written by `make course` for self-paced learners (not used for grading a class).
+c = get_config()  # noqa: F821
+c.CourseDirectory.root = {root!r}  # the workspace is the notebook root, so nbgrader stops warning
+c.Validator.validate_all = True  # the Validate button lists every failing check, not just the first
+"""
+
+
+def _write_learner_nbgrader_config(workspace: Path) -> None:
+    path = workspace / "nbgrader_config.py"
+    if not path.exists():  # a learner's own edits win
+        path.write_text(LEARNER_NBGRADER_CONFIG.format(root=str(workspace.resolve())))
 
 
 # ------------------------------------------------------------------------------------- instructor side

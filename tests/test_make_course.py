@@ -48,6 +48,9 @@ def test_make_course_serves_jupyterlab(tmp_path):
         assert sorted(p.name for p in (tmp_path / "ws" / "lessons").glob("*.ipynb")) == sorted(
             p.name for p in (ROOT / "lessons").glob("*.ipynb"))
         _check_student_versions(tmp_path / "ws")
+        # the Validate button reads this from the server's cwd: every failing check, not just the first
+        assert "c.Validator.validate_all = True" in (tmp_path / "ws" / "nbgrader_config.py").read_text()
+        assert "not a subdirectory of the notebook server root" not in output
     finally:
         _stop(proc)
         log.close()
