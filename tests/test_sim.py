@@ -253,7 +253,7 @@ def test_cli_sweep_disagg_and_trace(capsys, tmp_path) -> None:
     from minengine.cli import main
 
     assert main(["simulate", "--num-requests", "40", "--output-len", "16", "--sweep", "2,8",
-                 "--slo", "ttft:500,tpot:50", "--disagg", "1:1", "--link-gbps", "25"]) == 0
+                 "--slo", "ttft:500,tpot:50", "--disagg", "1:1", "--link-gb-per-s", "25"]) == 0
     out = capsys.readouterr().out
     assert "disaggregated 1P:1D" in out and "DistServe goodput" in out and "25 GB/s" in out
     trace = tmp_path / "t.jsonl"

@@ -4,7 +4,7 @@ Examples::
 
     minengine simulate --model llama-2-7b --gpu h100 --rate 4 --num-requests 500 --input-len 512
     minengine simulate --no-chunked-prefill --policy prefill_first ...   # the classic V0 scheduler
-    minengine simulate --disagg 1:1 --link-gbps 50 ...                    # DistServe-style pools
+    minengine simulate --disagg 1:1 --link-gb-per-s 50 ...                    # DistServe-style pools
     minengine simulate --sweep 1,2,4,8 --slo ttft:500,tpot:50 ...         # goodput over request rates
 
 Only argparse is imported at module level: the simulator loads when the command runs.
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--router", choices=("round_robin", "least_loaded"), default="round_robin")
     c.add_argument("--disagg", type=_disagg, default=None, metavar="P:D",
                    help="disaggregate: P prefill and D decode instances")
-    c.add_argument("--link-gbps", type=positive_float, default=50.0,
+    c.add_argument("--link-gb-per-s", type=positive_float, default=50.0,
                    help="KV-transfer link bandwidth in GB/s, gigaBYTES (default 50, a 400 Gb/s NIC)")
     c.add_argument("--link-latency-ms", type=float, default=0.1, help="per-transfer latency (default 0.1)")
     s = p.add_argument_group("sweep and SLOs")
@@ -142,7 +142,7 @@ def _build(args: argparse.Namespace) -> Any:
         if args.replicas != 1:
             raise ValueError("--replicas is for colocated serving; with --disagg give P:D instead")
         return DisaggregatedCluster(cost_model=cost_model, num_prefill=args.disagg[0],
-                                    num_decode=args.disagg[1], link_bandwidth=args.link_gbps * 1e9,
+                                    num_decode=args.disagg[1], link_bandwidth=args.link_gb_per_s * 1e9,
                                     link_latency_s=args.link_latency_ms / 1e3, router=args.router, **engine)
     from minengine.sim.simulator import Simulator
 

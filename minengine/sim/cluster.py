@@ -50,7 +50,7 @@ DEFAULT_LINK_LATENCY_S = 1e-4  # set-up and first-byte latency of one RDMA trans
 class DisaggregatedCluster(SimulatorBase):
     """``num_prefill`` prefill instances and ``num_decode`` decode instances of one model on one GPU type.
 
-    ``link_bandwidth`` is in bytes/s (the CLI's ``--link-gbps`` is GB/s). Engine options apply to both
+    ``link_bandwidth`` is in bytes/s (the CLI's ``--link-gb-per-s`` is GB/s). Engine options apply to both
     pools; ``prefill_kwargs`` / ``decode_kwargs`` override them per pool (e.g. a larger token budget for
     prefill).
     """
