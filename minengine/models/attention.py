@@ -26,6 +26,8 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 # `enable_gqa` lets SDPA broadcast K/V heads itself (torch >= 2.5); older torch repeats them.
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_HAS_GQA = _TORCH_VERSION >= (2, 5)
+# CPU decode: context tokens per batched SDPA call (see _decode_groups).
+CPU_DECODE_GROUP_TOKENS = 4096
 
 
 @dataclass
@@ -175,30 +177,50 @@ def _gather_slots(meta: AttentionMetadata, i: int, device: torch.device) -> torc
     return meta._cache[key]
 
 
-def _decode_inputs(
+def _decode_groups(
     meta: AttentionMetadata, rows: list[int], device: torch.device, sliding_window: int | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gather slots [B, L_max] and key mask [B, 1, 1, L_max] for the single-token sequences ``rows``.
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Split the single-token sequences ``rows`` into groups; per group: (query rows [n], flat cache slots
+    [n * L], key mask [n, 1, 1, L] or None), L being the group's longest context.
 
-    Each sequence's keys are padded to the longest context; padding points at slot 0 and is masked out.
-    Built once per step and reused by every layer (it depends only on the metadata).
+    Shorter keys are padded to L (padding points at slot 0 and is masked out). On a GPU all decodes form
+    one group: one SDPA call. On a CPU the rows are sorted by length and cut into groups of about
+    ``CPU_DECODE_GROUP_TOKENS`` context tokens, so little is padded and each group's gathered K/V stays
+    in the core's cache while SDPA reads it (``benchmarks/attention_decode.py``: about 2x faster decode
+    attention at batch 64 than one padded call). Built once per step and reused by every layer.
     """
     key = f"decode/{sliding_window}"
     if key in meta._cache:
         return meta._cache[key]
     assert meta.block_tables is not None
-    lens = torch.tensor([meta.seq_lens[i] for i in rows], device=device)
-    max_len = int(lens.max())
-    max_blocks = -(-max_len // meta.block_size)
-    padded = [(meta.block_tables[i] + [0] * max_blocks)[:max_blocks] for i in rows]
-    tables = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
-    pos = torch.arange(max_len, device=device)
-    slots = tables[:, pos // meta.block_size] * meta.block_size + pos % meta.block_size  # [B, L_max]
-    query_pos = (lens - 1).unsqueeze(-1)  # [B, 1]: the one new token sits at the end of its context
-    mask = _context_mask(pos.expand(len(rows), -1), query_pos, sliding_window)  # [B, 1, L_max]
-    starts = torch.tensor([meta.query_start_loc[i] for i in rows], device=device)
-    meta._cache[key] = (starts, slots, mask.unsqueeze(1))  # mask -> [B, 1(head), 1(query), L_max]
-    return meta._cache[key]
+    bs = meta.block_size
+    if device.type == "cpu":
+        rows = sorted(rows, key=lambda i: meta.seq_lens[i], reverse=True)
+    groups: list[list[int]] = []
+    for i in rows:  # longest first on CPU: a group's first row sets its padded length
+        if groups and (device.type != "cpu" or
+                       (len(groups[-1]) + 1) * meta.seq_lens[groups[-1][0]] <= CPU_DECODE_GROUP_TOKENS):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    out = []
+    for group in groups:
+        lens = [meta.seq_lens[i] for i in group]
+        max_len = max(lens)
+        max_blocks = -(-max_len // bs)
+        padded = [(meta.block_tables[i] + [0] * max_blocks)[:max_blocks] for i in group]
+        tables = torch.tensor(padded, dtype=torch.long, device=device)  # [n, max_blocks]
+        pos = torch.arange(max_len, device=device)
+        slots = (tables[:, pos // bs] * bs + pos % bs).view(-1)  # [n * L], row-major
+        starts = torch.tensor([meta.query_start_loc[i] for i in group], device=device)
+        mask = None
+        if min(lens) != max_len or (sliding_window is not None and sliding_window < max_len):
+            query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # the new token ends its context
+            mask = _context_mask(pos.expand(len(group), -1), query_pos, sliding_window)
+            mask = mask.unsqueeze(1)  # [n, 1(head), 1(query), L]
+        out.append((starts, slots, mask))
+    meta._cache[key] = out
+    return out
 
 
 def paged_attention(
@@ -244,19 +266,22 @@ def paged_attention(
     query_lens = meta.query_lens
     decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
     if decode_rows:
-        # All decodes in ONE SDPA call: the common case of a running batch.
-        starts, slots, mask = _decode_inputs(meta, decode_rows, q.device, sliding_window)
-        keys = k_flat[slots].transpose(1, 2).to(q.dtype)  # [B, H_kv, L_max, D]
-        values = v_flat[slots].transpose(1, 2).to(q.dtype)
-        queries = q[starts].unsqueeze(2)  # [B, H_q, 1, D]
-        out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
+        # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.
+        # index_select, not k_flat[slots]: on a CPU it copies whole rows and is 2-4x faster.
+        for starts, slots, mask in _decode_groups(meta, decode_rows, q.device, sliding_window):
+            n = starts.shape[0]
+            keys = k_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
+            values = v_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
+            queries = q[starts].unsqueeze(2)  # [n, H_q, 1, D]
+            out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
     for i, n in enumerate(query_lens):
         if n == 1:
             continue
         # A prefill (chunk): gather this sequence's whole context, then attend from its last n positions.
         a, b, seq_len = meta.query_start_loc[i], meta.query_start_loc[i + 1], meta.seq_lens[i]
         slots = _gather_slots(meta, i, q.device)
-        out[a:b] = _attend(q[a:b], k_flat[slots], v_flat[slots], seq_len - n, scale, sliding_window)
+        k_ctx, v_ctx = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
+        out[a:b] = _attend(q[a:b], k_ctx, v_ctx, seq_len - n, scale, sliding_window)
     return out
 
 

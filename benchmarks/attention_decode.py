@@ -1,0 +1,142 @@
+"""Decode attention on a CPU: one padded SDPA call over the whole batch vs length-sorted groups.
+
+    .venv/bin/python benchmarks/attention_decode.py                # batch 64, contexts in [16, 768]
+    .venv/bin/python benchmarks/attention_decode.py --batch 8 --contexts 16,2048
+    .venv/bin/python benchmarks/attention_decode.py --smoke
+
+Why this exists: profiling the throughput benchmark (``throughput.py``) showed a batch-64 decode step
+spending ~80 % of its time in attention, mostly in ``k_flat[slots]`` (advanced indexing gathers each
+token's K/V row element by element) and in one SDPA call whose keys are padded to the longest context.
+``minengine.models.attention`` now gathers with ``index_select`` (whole rows, memcpy-like) and, on a CPU,
+cuts the decodes into length-sorted groups of ~4k context tokens, so little is padded and each group's
+gathered K/V is still in the core's cache when SDPA reads it. Three variants, one engine step each (all
+layers, metadata built once per step as in the engine), interleaved round by round:
+
+- ``before``: the previous code path (one padded call, ``k_flat[slots]``), reproduced here;
+- ``index_select, one call``: the new gather, grouping switched off;
+- ``now``: what the engine runs.
+
+"ideal" is the time to read the batch's K/V context once at the bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from minengine.models import attention as attn
+from minengine.perf.measure import measure_read_bandwidth
+
+try:
+    from benchmarks import common
+except ImportError:  # run as a script: python benchmarks/attention_decode.py
+    import common  # type: ignore[no-redef]
+
+
+def before(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: attn.KVCache,
+           meta: attn.AttentionMetadata, scale: float) -> torch.Tensor:
+    """The decode path as it was: every decode in one SDPA call, keys padded, gathered by k_flat[slots]."""
+    k_cache, v_cache = cache
+    n_kv, d = k_cache.shape[2], k_cache.shape[3]
+    k_flat, v_flat = k_cache.view(-1, n_kv, d), v_cache.view(-1, n_kv, d)
+    k_flat.index_copy_(0, meta.slot_mapping, k)
+    v_flat.index_copy_(0, meta.slot_mapping, v)
+    if "old" not in meta._cache:
+        assert meta.block_tables is not None
+        lens = torch.tensor(meta.seq_lens)
+        max_len, bs = int(lens.max()), meta.block_size
+        max_blocks = -(-max_len // bs)
+        tables = torch.tensor([(t + [0] * max_blocks)[:max_blocks] for t in meta.block_tables])
+        pos = torch.arange(max_len)
+        slots = tables[:, pos // bs] * bs + pos % bs
+        meta._cache["old"] = (slots, (pos[None, :] < lens[:, None])[:, None, None, :])
+    slots, mask = meta._cache["old"]
+    keys, values = k_flat[slots].transpose(1, 2), v_flat[slots].transpose(1, 2)
+    return attn._sdpa(q.unsqueeze(2), keys, values, mask, scale).squeeze(2)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama-12m", choices=sorted(common.SHAPES))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--contexts", default="16,768", help="context lengths uniform in [lo, hi]")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="batch 4, 2 rounds")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.batch, args.rounds, args.contexts = 4, 2, "8,64"
+    common.set_threads(args.threads)
+    print(common.machine_line())
+    shape = common.SHAPES[args.shape]
+    layers, n_q, n_kv = shape["num_hidden_layers"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    d, bs = shape["hidden_size"] // n_q, 16
+    rng = random.Random(0)
+    lo, hi = (int(x) for x in args.contexts.split(","))
+    lens = [rng.randint(lo, hi) for _ in range(args.batch)]
+    num_blocks = sum(-(-n // bs) for n in lens) + 1
+    ids = list(range(1, num_blocks))
+    rng.shuffle(ids)  # blocks scattered over the pool, as after a while of serving
+    tables, used = [], 0
+    for n in lens:
+        tables.append(ids[used:used + -(-n // bs)])
+        used += len(tables[-1])
+    caches = [(torch.randn(num_blocks, bs, n_kv, d), torch.randn(num_blocks, bs, n_kv, d))
+              for _ in range(layers)]
+    q, k, v = (torch.randn(args.batch, h, d) for h in (n_q, n_kv, n_kv))
+    scale = d**-0.5
+
+    outputs: dict[Any, torch.Tensor] = {}
+
+    def step(fn: Any, group_tokens: int) -> float:
+        attn.CPU_DECODE_GROUP_TOKENS = group_tokens
+        start = time.perf_counter()
+        meta = attn.AttentionMetadata.build([1] * len(lens), lens, tables, bs)
+        for cache in caches:
+            out = fn(q, k, v, cache, meta, scale)
+        elapsed = time.perf_counter() - start
+        outputs[fn, group_tokens] = out
+        return elapsed
+
+    default_group = attn.CPU_DECODE_GROUP_TOKENS
+    variants = {
+        "before (one padded call, k_flat[slots])": lambda: step(before, default_group),
+        "index_select, one call": lambda: step(attn.paged_attention, 10**9),
+        f"now (length-sorted groups of ~{default_group} tokens)": lambda: step(attn.paged_attention,
+                                                                               default_group),
+    }
+    try:
+        with torch.inference_mode(), tqdm(total=args.rounds * len(variants), desc="steps") as bar:
+            for run in variants.values():
+                run()  # warm-up
+            timed = common.interleave(variants, args.rounds, bar)
+    finally:
+        attn.CPU_DECODE_GROUP_TOKENS = default_group
+    for out in outputs.values():  # same attention output (last layer) from every variant
+        torch.testing.assert_close(out, outputs[before, default_group])
+    kv_bytes = 2 * sum(lens) * n_kv * d * 4 * layers
+    bw = measure_read_bandwidth("cpu", num_bytes=max(2**28, kv_bytes))
+    ideal = kv_bytes / bw
+    print(f"\ncommand: {common.command_line()}")
+    print(common.machine_line())
+    print(f"{args.shape} attention ({layers} layers, {n_q} query / {n_kv} KV heads, head_dim {d}), fp32, "
+          f"{args.batch} decodes, contexts uniform in [{lo}, {hi}] ({sum(lens):,} tokens, "
+          f"{kv_bytes / 1e6:.0f} MB of K/V per step); read bandwidth {bw / 1e9:.1f} GB/s -> ideal "
+          f"{1e3 * ideal:.2f} ms; medians of {args.rounds} interleaved rounds\n")
+    first = next(iter(timed.values())).median
+    rows = [[name, f"{1e3 * t.median:.2f}", f"{first / t.median:.2f}x", f"{t.median / ideal:.1f}x"]
+            for name, t in timed.items()]
+    print(common.md_table(["decode attention, one step", "ms", "speed-up vs before", "vs ideal"], rows))
+    result = {"ideal": ideal, "bandwidth": bw, "ms": {name: 1e3 * t.median for name, t in timed.items()}}
+    common.save_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Throughput on a mixed offline workload: minengine's schedulers against three ways of using transformers.
+
+    .venv/bin/python benchmarks/throughput.py                     # 64 requests, llama-12m, fp32
+    .venv/bin/python benchmarks/throughput.py --num-requests 32 --engines minengine-decode-first,hf-cb
+    .venv/bin/python benchmarks/throughput.py --smoke
+
+~6.5 minutes on the 2-core CPU of RESULTS.md with 2 threads; ``--rounds 1`` halves it.
+
+The workload is nano-vllm's benchmark scaled to a 2-core CPU: N requests, prompt lengths uniform in
+[16, 512], output lengths uniform in [16, 256], random token ids, greedy, ``ignore_eos`` (every request
+generates exactly its output length), all sent at time 0. Engines, all on the same weights:
+
+- ``minengine-*``: ``LLM.generate`` with decode-first or prefill-first scheduling, chunked prefill on
+  (token budget ``--chunk``) or off (budget = ``max_model_len``);
+- ``hf-sequential``: ``model.generate()`` one request at a time (what a naive server does);
+- ``hf-static``: ``model.generate()`` on left-padded batches of ``--static-batch`` requests in arrival
+  order; a batch runs until its longest request is done (the padding and the idle tails are the waste
+  that continuous batching removes);
+- ``hf-cb``: transformers' own continuous batching (the manager behind ``generate_batch``, driven through
+  ``init_continuous_batching`` + ``add_request`` so each request gets its own ``max_new_tokens``), with
+  ``num_blocks`` set (else it reserves 90 % of RAM) and ``max_batch_tokens`` ``--hf-cb-tokens`` (2048,
+  which beat 512 and transformers' own default in a 32-request trial on this CPU).
+
+Metrics follow vLLM's conventions (``minengine.metrics.stats``): output tok/s = generated tokens / wall
+time of the whole run; TTFT from time 0 to a request's first token; ITL pooled over all gaps of all
+requests. Every engine's outputs are checked against ``hf-sequential``'s (same greedy tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+import minengine
+from minengine.metrics.records import RequestRecord
+from minengine.metrics.stats import summarize
+
+try:
+    from benchmarks import common
+    from benchmarks.decode_floor import _TokenClock
+except ImportError:  # run as a script: python benchmarks/throughput.py
+    import common  # type: ignore[no-redef]
+    from decode_floor import _TokenClock  # type: ignore[no-redef]
+
+Workload = list[tuple[list[int], int]]  # (prompt token ids, output length)
+Result = tuple[list[RequestRecord], list[list[int]]]  # per request: record, generated ids
+MINENGINE = {
+    "minengine-decode-first": ("decode_first", True),
+    "minengine-decode-first-nochunk": ("decode_first", False),
+    "minengine-prefill-first": ("prefill_first", True),
+    "minengine-prefill-first-nochunk": ("prefill_first", False),
+}
+ENGINES = [*MINENGINE, "hf-sequential", "hf-static", "hf-cb"]
+
+
+def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
+                  seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_range))], rng.randint(*output_range))
+            for _ in range(n)]
+
+
+def _record(i: int, prompt: list[int], t0: float, token_times: list[float]) -> RequestRecord:
+    return RequestRecord(request_id=str(i), arrival_time=t0, num_prompt_tokens=len(prompt),
+                         token_times=list(token_times), finish_time=token_times[-1],
+                         num_output_tokens=len(token_times), finish_reason="length")
+
+
+# --------------------------------------------------------------------------------------------- runs
+def run_minengine(path: str, policy: str, chunked: bool, args: argparse.Namespace
+                  ) -> Callable[[Workload], Result]:
+    budget = args.chunk if chunked else args.max_model_len
+    llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
+                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        num_blocks=args.kv_tokens // 16)
+
+    def run(w: Workload) -> Result:
+        params = [minengine.SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in w]
+        outs = llm.generate([p for p, _ in w], params, use_tqdm=False)
+        return list(llm.request_records), [list(o.outputs[0].token_ids) for o in outs]
+
+    return run
+
+
+def run_hf_sequential(hf: Any) -> Callable[[Workload], Result]:
+    from transformers import StoppingCriteriaList
+
+    def run(w: Workload) -> Result:
+        t0, records, tokens = time.perf_counter(), [], []
+        for i, (prompt, n) in enumerate(w):
+            ids, clock = torch.tensor([prompt]), _TokenClock()
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0,
+                              stopping_criteria=StoppingCriteriaList([clock]))
+            records.append(_record(i, prompt, t0, clock.times))
+            tokens.append(out[0, len(prompt):].tolist())
+        return records, tokens
+
+    return run
+
+
+def run_hf_static(hf: Any, batch: int) -> Callable[[Workload], Result]:
+    from transformers import StoppingCriteriaList
+
+    def run(w: Workload) -> Result:
+        t0, records, tokens = time.perf_counter(), [], []
+        for start in range(0, len(w), batch):
+            group = w[start:start + batch]
+            width, n = max(len(p) for p, _ in group), max(o for _, o in group)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+            clock = _TokenClock()
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=0, stopping_criteria=StoppingCriteriaList([clock]))
+            for j, (prompt, o) in enumerate(group):
+                records.append(_record(start + j, prompt, t0, clock.times[:o]))
+                tokens.append(out[j, width:width + o].tolist())
+        return records, tokens
+
+    return run
+
+
+def run_hf_cb(hf: Any, args: argparse.Namespace) -> Callable[[Workload], Result]:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(do_sample=False, max_new_tokens=args.max_model_len, eos_token_id=-1,
+                           pad_token_id=0)
+    cb = ContinuousBatchingConfig(num_blocks=-(-args.kv_tokens // 256),
+                                  max_batch_tokens=args.hf_cb_tokens or None,
+                                  max_requests_per_batch=args.max_num_seqs)
+
+    def run(w: Workload) -> Result:
+        manager = hf.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        manager.start()
+        try:
+            t0 = time.perf_counter()
+            ids = [manager.add_request(p, max_new_tokens=o, record_timestamps=True, eos_token_id=-1)
+                   for p, o in w]
+            results: dict[str, Any] = {}
+            while len(results) < len(w):
+                r = manager.get_result(timeout=1)
+                if r is not None and r.is_finished():
+                    results[r.request_id] = r
+                elif r is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching thread died")
+        finally:
+            manager.stop(block=True, timeout=10)
+        outs = [results[i] for i in ids]
+        return ([_record(i, p, t0, r.timestamps) for i, ((p, _), r) in enumerate(zip(w, outs, strict=True))],
+                [list(r.generated_tokens) for r in outs])
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama-12m", choices=sorted(common.SHAPES))
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--prompt-range", default="16,512")
+    ap.add_argument("--output-range", default="16,256")
+    ap.add_argument("--chunk", type=int, default=512, help="token budget per step (chunked prefill, HF CB)")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache size in tokens (both engines)")
+    ap.add_argument("--static-batch", type=int, default=16)
+    ap.add_argument("--hf-cb-tokens", type=int, default=2048, help="HF CB max_batch_tokens (0 = its default)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per engine (order reversed every round)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 6 short requests")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.shape, args.num_requests, args.prompt_range, args.output_range = "llama-tiny", 6, "4,40", "2,12"
+        args.chunk, args.max_model_len, args.kv_tokens, args.static_batch = 32, 64, 2048, 4
+        args.hf_cb_tokens, args.rounds = 64, 1
+    common.set_threads(args.threads)
+    engines = args.engines.split(",")
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        ap.error(f"unknown engine(s) {sorted(unknown)}; choose from {ENGINES}")
+    print(common.machine_line())
+    path = common.model_dir(args.shape)
+    hf = common.load_hf(path)
+    vocab = hf.config.vocab_size
+    work = make_workload(args.num_requests, _range(args.prompt_range), _range(args.output_range), vocab,
+                         args.seed)
+    warm = make_workload(2, (8, 32), (4, 8), vocab, args.seed + 1)
+    runners: dict[str, Callable[[Workload], Result]] = {}
+    for name in engines:
+        if name in MINENGINE:
+            runners[name] = run_minengine(str(path), *MINENGINE[name], args)
+        elif name == "hf-sequential":
+            runners[name] = run_hf_sequential(hf)
+        elif name == "hf-static":
+            runners[name] = run_hf_static(hf, args.static_batch)
+        elif hasattr(hf, "init_continuous_batching"):
+            runners[name] = run_hf_cb(hf, args)
+        else:
+            print(f"skipping {name}: transformers {transformers.__version__} has no continuous batching")
+
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+    tokens: dict[str, list[list[int]]] = {}
+    total = len(runners) * args.rounds
+    with torch.inference_mode(), tqdm(total=total, desc="engine runs", dynamic_ncols=True) as bar:
+        for run in runners.values():
+            run(warm)
+        for r in range(args.rounds):  # odd rounds in reverse order, so no engine always runs last
+            for name in list(runners)[:: 1 if r % 2 == 0 else -1]:
+                bar.set_postfix_str(name)
+                load0 = common.loadavg()[0]
+                start = time.perf_counter()
+                records, tokens[name] = runners[name](work)
+                wall = time.perf_counter() - start
+                s = summarize(records, duration=wall)
+                runs[name].append({
+                    "wall_s": wall, "output_tok_s": s.total_output_tokens / wall,
+                    "output_tokens": s.total_output_tokens, "ttft_p50": s.ttft.median, "ttft_p99": s.ttft.p99,
+                    "itl_p50": s.itl.median, "itl_p99": s.itl.p99, "load": [load0, common.loadavg()[0]],
+                })
+                bar.update(1)
+    results: dict[str, Any] = {}
+    for name, rs in runs.items():  # medians over rounds (the mean of two)
+        results[name] = {k: common.median([x[k] for x in rs]) for k in rs[0] if k != "load"}
+        results[name]["per_round_tok_s"] = [x["output_tok_s"] for x in rs]
+        results[name]["load"] = [x for run in rs for x in run["load"]]
+    ref = tokens.get("hf-sequential")
+    expected = sum(o for _, o in work)
+    for name, r in results.items():
+        assert r["output_tokens"] == expected, f"{name} generated {r['output_tokens']} tokens, not {expected}"
+        r["same_as_hf_sequential"] = None if ref is None else sum(a == b for a, b in zip(tokens[name], ref,
+                                                                                          strict=True))
+    _print(results, args, work)
+    common.save_json(args.json, {"results": results, "args": vars(args)})
+    return results
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split(","))
+    return lo, hi
+
+
+def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) -> None:
+    print(f"\ncommand: {common.command_line()}")
+    print(common.machine_line())
+    n_in, n_out = sum(len(p) for p, _ in work), sum(o for _, o in work)
+    print(f"{args.shape} fp32, {len(work)} requests ({n_in} prompt + {n_out} output tokens), chunk budget "
+          f"{args.chunk}, max_num_seqs {args.max_num_seqs}, HF static batch {args.static_batch}, HF CB "
+          f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds\n")
+    base = {k: results[k]["output_tok_s"] for k in ("hf-sequential", "hf-cb") if k in results}
+    rows = []
+    for name, r in results.items():
+        ratios = [f"{r['output_tok_s'] / v:.2f}x" for v in base.values()]
+        same = "-" if r["same_as_hf_sequential"] is None else f"{r['same_as_hf_sequential']}/{len(work)}"
+        per_round = " / ".join(f"{x:.0f}" for x in r["per_round_tok_s"])
+        rows.append([name, f"{r['wall_s']:.1f}", f"**{r['output_tok_s']:.0f}** ({per_round})", *ratios,
+                     f"{1e3 * r['ttft_p50']:.0f}", f"{1e3 * r['ttft_p99']:.0f}", f"{1e3 * r['itl_p50']:.1f}",
+                     f"{1e3 * r['itl_p99']:.1f}", same, " ".join(f"{x:.2f}" for x in r["load"])])
+    header = ["engine", "wall s", "output tok/s (per round)", *(f"vs {k}" for k in base),
+              "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "same tokens as HF seq",
+              "load avg (start/end of runs)"]
+    print(common.md_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()

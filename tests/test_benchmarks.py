@@ -1,0 +1,120 @@
+"""Smoke tests: every benchmark script runs end to end at a tiny size (``--smoke``); no timing asserted.
+
+The scripts are imported and their ``main(argv)`` called in this process (one torch import for all of
+them); each returns its results, so the tests check shapes and invariants, not speed. Tiny random models
+are built under a temporary folder, not ``benchmarks/out``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Models in a temp folder; torch's thread count restored (the scripts may set it)."""
+    monkeypatch.setattr(common, "MODELS_DIR", tmp_path_factory.getbasetemp() / "bench-models")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_decode_floor_smoke(tmp_path: Path) -> None:
+    from benchmarks import decode_floor
+
+    out = tmp_path / "decode.json"
+    (r,) = decode_floor.main(["--smoke", "--json", str(out)])
+    assert r["floor"] > 0 and r["minengine"] > 0 and r["hf"] > 0
+    assert r["bytes_per_step"] >= r["weight_bytes"]
+    assert out.is_file() and '"machine"' in out.read_text()
+
+
+def test_throughput_smoke() -> None:
+    from benchmarks import throughput
+
+    results = throughput.main(["--smoke"])
+    assert set(throughput.ENGINES) - set(results) <= {"hf-cb"}  # hf-cb needs transformers >= 5
+    for name, r in results.items():
+        assert r["output_tok_s"] > 0, name
+        # every engine computes the same greedy tokens as HF generate(), one request at a time
+        assert r["same_as_hf_sequential"] == 6, name
+
+
+def test_sched_overhead_smoke() -> None:
+    from benchmarks import sched_overhead
+
+    results = sched_overhead.main(["--smoke"])
+    assert set(results) == {4, 16}
+    assert all(r["steps"] == 20 and r["ms_per_step"] > 0 for r in results.values())
+
+
+def test_prefix_cache_smoke() -> None:
+    from benchmarks import prefix_cache
+
+    r = prefix_cache.main(["--smoke"])
+    assert r["seq_on_p50"] > 0 and r["seq_off_p50"] > 0 and set(r["burst"]) == {"True", "False"}
+
+
+def test_sim_bench_smoke() -> None:
+    from benchmarks import sim_bench
+
+    r = sim_bench.main(["--smoke"])
+    assert r["poisson"]["steps"] > 0 and r["offline"]["steps"] > 0
+    assert 0 <= r["calibration"]["mape"] < 10
+
+
+def test_grouped_cpu_decode_attention_matches_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU decode path cuts the batch into length-sorted groups (benchmarks/RESULTS.md, item 2); with
+    groups of one sequence each it must give what one padded SDPA call over all decodes gives."""
+    from minengine.models import attention as attn
+
+    torch.manual_seed(0)
+    bs, n_kv, n_q, d, num_blocks = 4, 2, 4, 8, 64
+    seq_lens = [3, 17, 9, 1, 30, 12]
+    perm = torch.randperm(num_blocks).tolist()
+    tables, used = [], 0
+    for n in seq_lens:
+        tables.append(perm[used:used + -(-n // bs)])
+        used += len(tables[-1])
+    cache = (torch.randn(num_blocks, bs, n_kv, d), torch.randn(num_blocks, bs, n_kv, d))
+    b = len(seq_lens)
+    q, k, v = torch.randn(b, n_q, d), torch.randn(b, n_kv, d), torch.randn(b, n_kv, d)
+    for window in (None, 5):
+        outs = []
+        for group_tokens in (10**9, 1):  # one group, then one group per sequence
+            monkeypatch.setattr(attn, "CPU_DECODE_GROUP_TOKENS", group_tokens)
+            meta = attn.AttentionMetadata.build([1] * len(seq_lens), seq_lens, tables, bs)
+            kv = (cache[0].clone(), cache[1].clone())
+            outs.append(attn.paged_attention(q, k, v, kv, meta, d**-0.5, sliding_window=window))
+            groups = meta._cache[f"decode/{window}"]
+            assert len(groups) == (1 if group_tokens > 1 else len(seq_lens))
+        torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_decode_steps_smoke() -> None:
+    from benchmarks import decode_steps
+
+    results = decode_steps.main(["--smoke"])
+    assert set(results) == {1, 4} and all(step > 0 for step, _ in results.values())
+
+
+def test_attention_decode_smoke() -> None:
+    from benchmarks import attention_decode
+    from minengine.models import attention as attn
+
+    before = attn.CPU_DECODE_GROUP_TOKENS
+    r = attention_decode.main(["--smoke"])  # also checks that every variant gives the same output
+    assert len(r["ms"]) == 3 and r["ideal"] > 0
+    assert attn.CPU_DECODE_GROUP_TOKENS == before  # restored
