@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -11,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from proc_utils import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +51,7 @@ def test_make_course_serves_jupyterlab(tmp_path):
         assert "c.Validator.validate_all = True" in (tmp_path / "ws" / "nbgrader_config.py").read_text()
         assert "not a subdirectory of the notebook server root" not in output
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         log.close()
 
 
@@ -69,16 +68,3 @@ def _check_student_versions(ws: Path) -> None:
             for data in (ROOT / kind / rel.parent).iterdir():  # data files come along
                 assert data.name.startswith(".") or (ws / kind / rel.parent / data.name).exists()
 
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop make and JupyterLab (one process group) and wait, so no server outlives the test."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from jlab_helpers import ARTIFACTS, LabServer, new_page
+from proc_utils import stop_process_group
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -97,19 +97,6 @@ def _write_lab_settings(settings: Path) -> None:
     path.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (kernels shut down cleanly), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
 
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
@@ -149,7 +136,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     finally:
         if server in _RUNNING:
             _RUNNING.remove(server)
-        _stop(proc)
+        stop_process_group(proc)
 
 
 @pytest.fixture(scope="module", autouse=True)
