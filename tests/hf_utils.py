@@ -115,3 +115,22 @@ def load_hf_reference(path: Path) -> torch.nn.Module:
         path, **{_DTYPE_KW: torch.float32}, attn_implementation="eager"
     )
     return model.eval()
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer for the 512-token random models: ids 0-255 are single bytes, 256-511 pairs.
+
+    Random models then write random bytes, many of them invalid or multi-byte UTF-8: a stress test for
+    incremental detokenization.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for i in range(256, 512):
+        vocab[alphabet[i % 256] + alphabet[(i * 7 + 3) % 256]] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from hf_utils import byte_tokenizer
 
 from minengine.engine.async_llm import AsyncLLM
 from minengine.engine.llm_engine import LLMEngine
@@ -17,20 +18,6 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 PROMPTS = [[(7 * i + 13 * j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(6)]
 
-
-def byte_tokenizer():
-    """Ids 0-255 are single bytes (see test_engine.byte_tokenizer); enough for text deltas here."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    for i in range(256, 512):
-        vocab[alphabet[i % 256] + alphabet[(i * 7 + 3) % 256]] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
 
 
 @pytest.fixture(scope="module")

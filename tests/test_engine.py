@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_utils import load_hf_reference
+from hf_utils import byte_tokenizer, load_hf_reference
 
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.sampler import Sampler
@@ -26,24 +26,6 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 EOS = 2  # hf_utils' eos_token_id
 GREEDY = SamplingParams(temperature=0)
 
-
-def byte_tokenizer():
-    """A byte-level tokenizer for the 512-token random models: ids 0-255 are single bytes, 256-511 pairs.
-
-    Random models then write random bytes, many of them invalid or multi-byte UTF-8: a stress test for
-    incremental detokenization.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    for i in range(256, 512):
-        vocab[alphabet[i % 256] + alphabet[(i * 7 + 3) % 256]] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
 
 
 def make_workload(n: int = 32, seed: int = 0) -> tuple[list[list[int]], list[int]]:
