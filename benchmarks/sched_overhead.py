@@ -6,10 +6,11 @@
 
 Why: on a GPU a decode step of a small model takes a few milliseconds, so a scheduler that spends one of
 them in Python caps throughput by itself (vLLM v1 rewrote its scheduler for that reason). Here the model
-is replaced by nothing: each step is the engine's CPU work around the forward pass that belongs to the
-scheduler: ``Scheduler.schedule()``, then ``update_from_output()`` with one dummy token per request
-(append, stop checks, prefix-cache hashing of newly full blocks), then the ``StepRecord``. All N requests
-are decoding (their prompts were prefilled before timing), which is the steady state of a busy server.
+is replaced by nothing: each step is ``EngineCore.step()`` (the same loop the engine and the simulator
+run) with a ``NullExecutor``: ``Scheduler.schedule()``, then ``update_from_output()`` with one dummy
+token per request (append, stop checks, prefix-cache hashing of newly full blocks), then the
+``StepRecord``. All N requests are decoding (their prompts were prefilled before timing), which is the
+steady state of a busy server.
 Engine options are the defaults (decode-first, chunked prefill and prefix caching on).
 """
 
@@ -23,8 +24,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minengine.config import EngineConfig
-from minengine.engine.scheduler import Scheduler
-from minengine.engine.sequence import Request, SamplingParams
+from minengine.core.engine_core import EngineCore, NullExecutor, StepInFlight
+from minengine.core.request import Request
+from minengine.core.sampling_params import SamplingParams
+from minengine.core.scheduler import Scheduler
 
 try:
     from benchmarks import common
@@ -33,7 +36,7 @@ except ImportError:  # run as a script: python benchmarks/sched_overhead.py
 
 
 class NullEngine:
-    """The engine's step loop with the forward pass and sampling removed."""
+    """``EngineCore`` with a ``NullExecutor``: the engine's step loop with no forward pass or sampling."""
 
     def __init__(self, num_seqs: int, prompt_len: int, max_steps: int) -> None:
         budget = max(2048, num_seqs)
@@ -43,26 +46,26 @@ class NullEngine:
         config = config.resolved(prompt_len + max_tokens)
         blocks = num_seqs * -(-(prompt_len + max_tokens) // config.block_size)
         self.scheduler = Scheduler(config, blocks)
+        self.num_steps = 0
+        executor = NullExecutor(token=lambda request: 3 + self.num_steps % 30000)
+        self.core = EngineCore(self.scheduler, executor, max_step_records=1)
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         for i in range(num_seqs):
             prompt = [(i * 131 + j) % 30000 + 3 for j in range(prompt_len)]
-            self.scheduler.add_request(Request(str(i), prompt, params))
-        self.num_steps = 0
+            self.core.add_request(Request(str(i), prompt, params))
         while any(r.is_prefill for r in self.scheduler.running) or self.scheduler.waiting:
             self.step()  # prefill everything: timing starts with N decoding requests
 
     def step(self) -> tuple[float, float, int]:
         """One step; returns (schedule seconds, update + record seconds, requests scheduled)."""
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
+        inflight: StepInFlight | None = self.core.start_step()  # schedule + the null executor
         t1 = time.perf_counter()
-        token = 3 + self.num_steps % 30000
-        sampled = {s.request.request_id: token for s in out.scheduled if s.sample}
-        self.scheduler.update_from_output(out, sampled, now=t1)
+        assert inflight is not None, "every request finished early"
+        self.core.finish_step(inflight)
         self.num_steps += 1
-        out.to_step_record(self.num_steps, t0, time.perf_counter())
         t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, len(out.scheduled)
+        return t1 - t0, t2 - t1, len(inflight.scheduler_output.scheduled)
 
 
 def measure(seqs: list[int], steps: int, chunk: int, prompt_len: int, bar: Any) -> dict[int, dict[str, Any]]:

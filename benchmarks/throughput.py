@@ -39,7 +39,7 @@ import transformers
 from tqdm.auto import tqdm
 
 import minengine
-from minengine.metrics.records import RequestRecord
+from minengine.core.records import RequestRecord
 from minengine.metrics.stats import summarize
 
 try:

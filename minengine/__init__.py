@@ -5,17 +5,18 @@ Public names are imported lazily so that light commands (``minengine kv``) start
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from minengine._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "LLM": "minengine.llm",
+    "LLM": "minengine.engine.llm",
     "AsyncLLM": "minengine.engine.async_llm",
-    "SamplingParams": "minengine.engine.sequence",
+    "LLMEngine": "minengine.engine.llm_engine",
+    "SamplingParams": "minengine.core.sampling_params",
     "EngineConfig": "minengine.config",
+    "EngineCore": "minengine.core.engine_core",
     "load_model": "minengine.models.loader",
     "load_tokenizer": "minengine.models.loader",
     "resolve_model_path": "minengine.models.loader",
@@ -32,20 +33,8 @@ _EXPORTS = {
     "kv_bytes_per_batch": "minengine.kvcalc",
     "Accelerator": "minengine.perf.hardware",
     "get_accelerator": "minengine.perf.hardware",
-    "KVCalculatorWidget": "minengine.widgets",
+    "KVCalculatorWidget": "minengine.course.widgets",
 }
 
 __all__ = ["__version__", *_EXPORTS]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minengine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

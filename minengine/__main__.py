@@ -1,5 +1,5 @@
 """``python -m minengine``: the same as the ``minengine`` command."""
 
-from minengine.cli import main
+from minengine.cli.main import main
 
 raise SystemExit(main())

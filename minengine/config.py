@@ -77,7 +77,7 @@ class EngineConfig:
         elif not callable(getattr(self.policy, "order", None)):
             raise ValueError(
                 f"policy must be one of {', '.join(POLICY_NAMES)} or an object with an "
-                f"order(running, waiting) method (see minengine.engine.scheduler), got {self.policy!r}"
+                f"order(running, waiting) method (see minengine.core.policies), got {self.policy!r}"
             )
         if self.max_model_len is not None and self.max_num_batched_tokens is not None:
             self._check_budget(self.max_model_len, self.max_num_batched_tokens)

@@ -8,10 +8,11 @@ import time
 import pytest
 from hf_utils import byte_tokenizer
 
+from minengine.core.request import RequestStatus
+from minengine.core.sampling_params import SamplingParams
 from minengine.engine.async_llm import AsyncLLM
+from minengine.engine.llm import LLM
 from minengine.engine.llm_engine import LLMEngine
-from minengine.engine.sequence import RequestStatus, SamplingParams
-from minengine.llm import LLM
 from minengine.models.loader import load_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

@@ -252,7 +252,7 @@ def test_client_ttft_agrees_with_server_ttft(server):
 
 
 def test_bench_cli(server, tmp_path, capsys):
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     out = tmp_path / "result.json"
     code = main(
@@ -295,7 +295,7 @@ def test_bench_cli(server, tmp_path, capsys):
     ],
 )
 def test_bench_cli_bad_input_is_one_line(args, capsys):
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     assert main(["bench", "--base-url", "http://127.0.0.1:9", "--disable-tqdm", *args]) == 2
     err = capsys.readouterr().err.strip()

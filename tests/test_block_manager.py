@@ -11,8 +11,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from minengine.engine.block_manager import BlockManager, hash_block_tokens
-from minengine.engine.sequence import Request
+from minengine.core.block_manager import BlockManager, hash_block_tokens
+from minengine.core.request import Request
 
 BS = 4
 

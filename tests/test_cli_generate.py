@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from minengine.cli import main
+from minengine.cli.main import main
 
 TIMING = re.compile(r"TTFT [\d.]+ ms \| mean ITL [\d.]+ ms \| (\d+) tokens in [\d.]+ s = [\d.]+ tok/s")
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from hf_utils import byte_tokenizer, load_hf_reference
 
+from minengine.core.policies import PrefillFirstPolicy
+from minengine.core.sampling_params import SamplingParams
 from minengine.engine.detokenizer import IncrementalDetokenizer
+from minengine.engine.llm import LLM
 from minengine.engine.sampler import Sampler
-from minengine.engine.scheduler import PrefillFirstPolicy
-from minengine.engine.sequence import SamplingParams
-from minengine.llm import LLM
 from minengine.models.loader import ASSETS_DIR, load_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
-from minengine.lessons_util import ModelShape, device_profile, random_llama  # noqa: E402
-from minengine.llm import LLM  # noqa: E402
-from minengine.widgets import TwoPhasesWidget  # noqa: E402
+from minengine.course.lessons import ModelShape, device_profile, random_llama  # noqa: E402
+from minengine.course.widgets import TwoPhasesWidget  # noqa: E402
+from minengine.engine.llm import LLM  # noqa: E402
 
 TINY_SHAPE = ModelShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, max_len=512)
 

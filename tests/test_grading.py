@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minengine import course, grading
+from minengine.course import grading
+from minengine.course import tooling as course
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
@@ -279,7 +280,7 @@ def test_submit_finds_the_assignment_and_refuses_strays(graded: dict, tmp_path: 
 
 
 def test_quiz_digests_normalise_answers_and_hide_them() -> None:
-    from minengine import autocheck
+    from minengine.course import autocheck
 
     d = autocheck.choice_digest("quiz9.q1", "AC")
     for fine in ("AC", "ca", " a, c ", "(C)(A)"):
@@ -301,7 +302,7 @@ def test_quiet_swallows_python_and_c_level_stderr(capfd: pytest.CaptureFixture) 
     import sys
     import warnings
 
-    from minengine.autocheck import quiet
+    from minengine.course.autocheck import quiet
 
     with quiet():
         warnings.warn("drill", UserWarning, stacklevel=1)

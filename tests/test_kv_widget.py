@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
+from minengine.course.widgets import KVCalculatorWidget  # noqa: E402
 from minengine.kvcalc import PRESETS, GiB  # noqa: E402
-from minengine.widgets import KVCalculatorWidget  # noqa: E402
 
 
 @pytest.fixture

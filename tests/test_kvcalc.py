@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minengine import kvcalc, kvcalc_config
-from minengine.cli import main
+from minengine import kvcalc
+from minengine.cli.main import main
 from minengine.kvcalc import (
     PRESETS,
     GiB,
@@ -25,6 +25,7 @@ from minengine.kvcalc import (
     load_model_spec,
     tokens_held,
 )
+from minengine.perf import model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_7B = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}  # seeds: MHA, no kv heads
@@ -235,7 +236,7 @@ def test_hub_id_offline_gives_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     for reachable in (False, True):  # no route at all / the request itself fails
-        monkeypatch.setattr(kvcalc_config, "_hub_reachable", lambda reachable=reachable: reachable)
+        monkeypatch.setattr(model_spec, "_hub_reachable", lambda reachable=reachable: reachable)
         with pytest.raises(KVCalcError, match="offline"):
             load_model_spec("some-org/some-model")
     assert load_model_spec("Qwen/Qwen3-8B").name == "qwen3-8b"  # presets never touch the network
@@ -308,5 +309,5 @@ def test_cli_subprocess_and_no_torch() -> None:
     bad = subprocess.run([sys.executable, "-m", "minengine", "kv", "--model", "llama-3.1-8b", "--tp", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
-    probe = "import sys, minengine.cli, minengine.kvcalc_cli; sys.exit('torch' in sys.modules)"
+    probe = "import sys, minengine.cli.main, minengine.cli.kv; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=60).returncode == 0

@@ -138,7 +138,7 @@ def test_model_shape_from_model_config_matches_hf_dict() -> None:
 
 
 def test_step_cost_of_record_matches_chunks() -> None:
-    from minengine.metrics.records import StepRecord
+    from minengine.core.records import StepRecord
 
     cm = CostModel.create("llama-2-7b", "a100")
     record = StepRecord(step=1, start=0.0, end=1.0, prefill_chunks=[(300, 100)], decode_context_lens=[10, 20])

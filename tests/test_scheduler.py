@@ -1,4 +1,5 @@
-"""The scheduler with a fake executor (no torch, no model): limits, policies, preemption, freeing."""
+"""The scheduler driven by EngineCore with a NullExecutor (no torch, no model): limits, policies,
+preemption, freeing, the KV-connector admission."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ import pytest
 from hypothesis import given, settings
 
 from minengine.config import EngineConfig
-from minengine.engine.scheduler import (
-    DecodeFirstPolicy,
-    PrefillFirstPolicy,
-    Scheduler,
-    SchedulerOutput,
-    SchedulingPolicy,
-)
-from minengine.engine.sequence import Request, RequestStatus, SamplingParams
+from minengine.core.engine_core import EngineCore, NullExecutor
+from minengine.core.policies import DecodeFirstPolicy, PrefillFirstPolicy, SchedulingPolicy
+from minengine.core.request import Request, RequestStatus
+from minengine.core.sampling_params import SamplingParams
+from minengine.core.sched_output import SchedulerOutput
+from minengine.core.scheduler import Scheduler
 
 EOS = 0
 
@@ -34,12 +33,15 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, first: int = 1,
     return Request(rid, ids, SamplingParams(max_tokens=max_tokens, **params), eos_token_ids=[EOS])
 
 
+def core_for(sched: Scheduler, rng: random.Random | None = None) -> EngineCore:
+    """The engine's own step loop around ``sched``; sampled tokens are 5, or random in 0..3 with ``rng``."""
+    return EngineCore(sched, NullExecutor(token=(lambda r: rng.randrange(4)) if rng else (lambda r: 5)))
+
+
 def fake_step(sched: Scheduler, rng: random.Random | None = None) -> SchedulerOutput:
-    """What the engine does, minus the model: schedule, 'compute', sample a token per finished prompt."""
-    out = sched.schedule()
-    sampled = {s.request_id: (rng.randrange(4) if rng else 5) for s in out.scheduled if s.sample}
-    sched.update_from_output(out, sampled)
-    return out
+    """One EngineCore step with no model; returns what was scheduled (an empty output when idle)."""
+    step = core_for(sched, rng).step()
+    return step.scheduler_output if step is not None else SchedulerOutput()
 
 
 def run_to_end(
@@ -86,6 +88,7 @@ def test_random_workloads_respect_every_limit(workload):
     config, num_blocks, specs, seed = workload
     rng = random.Random(seed)
     sched = make_scheduler(num_blocks, **config)
+    core = core_for(sched, rng)
     budget, max_seqs = sched.max_num_batched_tokens, sched.max_num_seqs
     pending = sorted(enumerate(specs), key=lambda x: x[1][2])
     all_reqs: list[Request] = []
@@ -104,10 +107,11 @@ def test_random_workloads_respect_every_limit(workload):
         step += 1
         running_decodes = [r for r in sched.running if not r.is_prefill]
         waiting_before = set(id(r) for r in sched.waiting)
-        out = sched.schedule()
-        if not out.scheduled:
+        inflight = core.start_step()
+        if inflight is None:
             assert not sched.has_unfinished_requests()
             continue
+        out = inflight.scheduler_output
         ids = out.num_scheduled_tokens
         assert 0 < out.total_num_scheduled_tokens <= budget
         assert len(out.scheduled) <= max_seqs and sched.num_running <= max_seqs
@@ -126,8 +130,7 @@ def test_random_workloads_respect_every_limit(workload):
             for r in running_decodes:  # the budget allows every decode: none may be skipped
                 assert r.request_id in ids or r.request_id in out.preempted_request_ids, "decode skipped"
         sched.block_manager.check_invariants(sched.running)
-        sampled = {s.request_id: rng.randrange(4) for s in out.scheduled if s.sample}
-        sched.update_from_output(out, sampled)
+        core.finish_step(inflight)
         assert step < 5000
     assert sched.block_manager.num_used_blocks == 0 and sched.block_manager.usage == 0
     for req in all_reqs:
@@ -253,8 +256,8 @@ def test_stop_conditions():
     capped = make_request("capped", 3, None, ignore_eos=True)  # runs until max_model_len
     for r in (eos, stop_id, capped):
         sched.add_request(r)
-    out = sched.schedule()
-    sched.update_from_output(out, {"eos": EOS, "stop_id": 5, "capped": EOS})
+    first = {"eos": EOS, "stop_id": 5, "capped": EOS}
+    EngineCore(sched, NullExecutor(token=lambda r: first[r.request_id])).step()
     assert eos.finish_reason == "stop" and eos.stop_reason is None
     assert stop_id.finish_reason == "stop" and stop_id.stop_reason == 5
     run_to_end(sched)
@@ -309,10 +312,9 @@ def test_a_custom_policy_plugs_in():
     run_to_end(sched)
 
 
-def test_scheduler_modules_do_not_import_torch():
+def test_core_does_not_import_torch():
     code = (
-        "import sys; import minengine.engine.scheduler, minengine.engine.block_manager, "
-        "minengine.engine.sequence, minengine.config; print('torch' in sys.modules)"
+        "import sys; import minengine.core, minengine.config; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

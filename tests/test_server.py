@@ -459,7 +459,7 @@ def test_serve_cli_subprocess(tmp_path):
 
 
 def test_serve_cli_bad_model_is_one_line(capsys):
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     assert main(["serve", "--model", os.path.join("no", "such", "model"), "--threads", "1"]) == 2
     err = capsys.readouterr().err.strip()

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from minengine.engine.scheduler import DecodeFirstPolicy, Scheduler
+from minengine.core.policies import DecodeFirstPolicy
+from minengine.core.scheduler import Scheduler
 from minengine.sim import (
     DisaggregatedCluster,
     Fixed,
@@ -107,13 +108,13 @@ def test_simulator_drives_the_real_scheduler_and_completes_every_request(monkeyp
         return out
 
     monkeypatch.setattr(Scheduler, "schedule", counting)
-    execute = sim.executor.execute
+    step_time = sim.executor.step_time
 
     def spy(out):  # every step's batch passes through the executor; check the fast path on the way
-        assert execute(out) == pytest.approx(sim.executor.step_cost(out).time, rel=1e-9)
-        return execute(out)
+        assert step_time(out) == pytest.approx(sim.executor.step_cost(out).time, rel=1e-9)
+        return step_time(out)
 
-    sim.executor.execute = spy  # type: ignore[method-assign]
+    sim.executor.step_time = spy  # type: ignore[method-assign]
     result = sim.run(w)
     assert sum(calls) == len(result.steps)  # one real schedule() per simulated step (others: idle)
     assert len(result.requests) == 60 and all(r.finish_reason == "length" for r in result.requests)
@@ -127,12 +128,12 @@ def test_simulator_drives_the_real_scheduler_and_completes_every_request(monkeyp
     assert "Time to First Token" in summary.format_table()
 
 
-def test_backlog_window_gives_the_same_run_as_feeding_everything() -> None:
-    """Custom policies get every arrival at once; DecodeFirstPolicy's windowed feeding must not change
-    anything but speed."""
+def test_queue_order_window_gives_the_same_run_as_showing_the_whole_queue() -> None:
+    """A policy that admits in queue order is shown only the head of the waiting queue; that must change
+    nothing but speed (a custom policy that does not promise queue order sees every waiting request)."""
 
     class SameOrder(DecodeFirstPolicy):
-        pass
+        admits_in_queue_order = False
 
     w = synthetic_workload(150, 200, Uniform(50, 600), Uniform(5, 60), seed=2)  # overloaded: long queue
     a = small_sim(max_num_seqs=8).run(w)
@@ -238,7 +239,7 @@ def test_calibration_against_the_real_engine_on_this_cpu() -> None:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def test_cli_simulate_prints_the_table(capsys) -> None:
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     code = main(["simulate", "--model", "llama-2-7b", "--gpu", "h100", "--rate", "4", "--num-requests", "50",
                  "--input-len", "512", "--output-len", "32", "--slo", "ttft:500,tpot:50"])
@@ -250,7 +251,7 @@ def test_cli_simulate_prints_the_table(capsys) -> None:
 
 
 def test_cli_sweep_disagg_and_trace(capsys, tmp_path) -> None:
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     assert main(["simulate", "--num-requests", "40", "--output-len", "16", "--sweep", "2,8",
                  "--slo", "ttft:500,tpot:50", "--disagg", "1:1", "--link-gb-per-s", "25"]) == 0
@@ -274,7 +275,7 @@ def test_cli_sweep_disagg_and_trace(capsys, tmp_path) -> None:
     (["--trace", "/no/such/trace.csv"], "cannot read"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:
-    from minengine.cli import main
+    from minengine.cli.main import main
 
     assert main(["simulate", "--num-requests", "5", *args]) == 2
     err = capsys.readouterr().err.strip()

@@ -10,8 +10,7 @@ does not import httpx.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from minengine._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -34,9 +33,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 
 from minengine.bench.datasets import SampleRequest, random_requests
-from minengine.metrics.records import RequestRecord
+from minengine.core.records import RequestRecord
 from minengine.metrics.stats import RunSummary, parse_slo, summarize
 from minengine.sim.workload import arrival_times
 

@@ -23,9 +23,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from minengine.core.request import Request
+from minengine.core.sampling_params import SamplingParams
 from minengine.engine.llm_engine import LLMEngine, PromptType
 from minengine.engine.outputs import RequestOutput
-from minengine.engine.sequence import Request, SamplingParams
 
 T = TypeVar("T")
 

@@ -1,9 +1,10 @@
-"""``LLMEngine``: the step loop. One ``step()`` = schedule -> prepare -> forward -> sample -> update.
+"""``LLMEngine``: the front end around ``EngineCore``: turns prompts into requests, steps into outputs.
 
-Every step is timed phase by phase and written down as a ``StepRecord``; every request carries its
-``RequestRecord`` (arrival, first scheduled, each token, finish). On CUDA the clock is read only after
-``torch.cuda.synchronize()``: kernels run asynchronously, and without the sync the forward's time
-would be billed to whichever later phase first waits for the GPU.
+``EngineCore`` (torch-free, ``minengine.core``) owns the step loop: schedule -> ``ModelRunner``
+(the executor: forward + sample) -> update -> ``StepRecord``. What is left here is what vLLM keeps
+outside its core too: input processing (tokenize, validate) and output processing (detokenize, stop
+strings, ``RequestOutput`` objects). Every request carries its ``RequestRecord`` (arrival, first
+scheduled, each token, finish), every step its ``StepRecord``.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ from typing import Any
 import torch
 
 from minengine.config import EngineConfig
+from minengine.core.engine_core import EngineCore
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.core.request import Request
+from minengine.core.sampling_params import SamplingParams
+from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
 from minengine.engine.model_runner import ModelRunner
 from minengine.engine.outputs import CompletionOutput, RequestOutput
 from minengine.engine.sampler import Sampler
-from minengine.engine.scheduler import Scheduler
-from minengine.engine.sequence import Request, RequestStatus, SamplingParams
-from minengine.metrics.records import RequestRecord, StepRecord
 from minengine.models.errors import ModelNotFoundError
 from minengine.models.loader import load_model, load_tokenizer
 
-MAX_RECORDS = 100_000  # records kept by a long-running engine (a server); older ones are dropped
+MAX_RECORDS = 100_000  # finished-request records kept by a long-running engine (a server)
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -71,15 +74,14 @@ class LLMEngine:
             self.model_config, num_blocks, self.config.block_size, self.dtype, self.device
         )
         self.scheduler = Scheduler(self.config, num_blocks)
-        self.model_runner = ModelRunner(model, self.kv_cache, self.device)
-        self.sampler = Sampler(self.config.seed, self.device)
+        self.model_runner = ModelRunner(model, self.kv_cache, self.device, Sampler(self.config.seed, self.device))
+        self.engine_core = EngineCore(
+            self.scheduler, self.model_runner, clock=time.perf_counter, stop_checker=self._check_stop_string
+        )
 
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
-        self.step_counter = 0
-        self.step_records: deque[StepRecord] = deque(maxlen=MAX_RECORDS)
         self.request_records: deque[RequestRecord] = deque(maxlen=MAX_RECORDS)  # finished requests
-        self.last_step_record: StepRecord | None = None
 
     # ---- requests ----
     def process_inputs(
@@ -118,7 +120,7 @@ class LLMEngine:
         return self.add_processed_request(self.process_inputs(request_id, prompt, params, arrival_time))
 
     def add_processed_request(self, request: Request) -> Request:
-        self.scheduler.add_request(request)
+        self.engine_core.add_request(request)
         if self.tokenizer is not None:
             self._detokenizers[request.request_id] = IncrementalDetokenizer(
                 self.tokenizer,
@@ -132,7 +134,7 @@ class LLMEngine:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         outputs = []
         for rid in ids:
-            request = self.scheduler.abort_request(rid)
+            request = self.engine_core.abort_request(rid)
             if request is not None:
                 outputs.append(self._make_output(request, [], time.perf_counter()))
         return outputs
@@ -146,70 +148,34 @@ class LLMEngine:
     # ---- the step ----
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns an output for each request that got a token or finished."""
-        start = time.perf_counter()
-        sched = self.scheduler.schedule()
-        t_sched = self._clock()
-        if not sched.scheduled:
-            if self.scheduler.has_unfinished_requests():
-                raise RuntimeError(
-                    f"the scheduler scheduled nothing although {len(self.scheduler.requests)} requests are "
-                    f"unfinished: policy {self.scheduler.policy!r} left every request out"
-                )
+        step = self.engine_core.step()
+        if step is None:
             return []
-        inputs = self.model_runner.prepare_inputs(sched)
-        t_prep = self._clock()
-        logits = self.model_runner.execute_model(inputs)
-        t_fwd = self._clock()
-        tokens = self.sampler(logits, [s.request for s in inputs.sampled])
-        t_sample = self._clock()
-
-        sampled = {s.request_id: tok for s, tok in zip(inputs.sampled, tokens, strict=True)}
-        self.scheduler.update_from_output(sched, sampled, now=t_sample)
         outputs = []
-        for s in inputs.sampled:
-            request = s.request
-            detok = self._detokenizers.get(request.request_id)
-            if detok is not None:
-                stop = detok.update([sampled[request.request_id]])
-                if stop is not None:
-                    self._stop_on_string(request, stop, t_sample)
-            outputs.append(self._make_output(request, [sampled[request.request_id]], t_sample))
-
-        self.step_counter += 1
-        record = sched.to_step_record(
-            self.step_counter,
-            start,
-            time.perf_counter(),
-            t_schedule=t_sched - start,
-            t_prepare=t_prep - t_sched,
-            t_forward=t_fwd - t_prep,
-            t_sample=t_sample - t_fwd,
-        )
-        self.step_records.append(record)
-        self.last_step_record = record
+        for s in step.scheduler_output.scheduled:
+            token = step.sampled_token_ids.get(s.request_id)
+            if token is not None:  # the output's time is the token's own timestamp
+                outputs.append(self._make_output(s.request, [token], s.request.record.token_times[-1]))
         return outputs
 
-    def _stop_on_string(self, request: Request, stop: str, now: float) -> None:
-        if request.is_finished:  # it also hit max_tokens in this step: the stop string wins (as in vLLM)
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.record.finish_reason = "stop"
-        else:
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED, now)
-        request.stop_reason = stop
+    def _check_stop_string(self, request: Request, finishing: bool) -> str | None:
+        """EngineCore's stop checker: decode the request's newest token; the stop string it completes."""
+        detok = self._detokenizers.get(request.request_id)
+        if detok is None:
+            return None
+        stop = detok.update(request.token_ids[-1:])
+        if stop is None and finishing:
+            stop = detok.flush()  # the last bytes of an incomplete character may complete one
+        return stop
 
     def _make_output(self, request: Request, new_ids: list[int], now: float) -> RequestOutput:
         finished = request.is_finished
         detok = self._detokenizers.get(request.request_id)
         delta, text = "", ""
         if detok is not None:
-            if finished:
-                stop = detok.flush()
-                if stop is not None:
-                    self._stop_on_string(request, stop, now)
             delta, text = detok.get_delta(finished), detok.emitted_text
         if finished:
             self._detokenizers.pop(request.request_id, None)
-            self.sampler.free(request.request_id)
             self.request_records.append(request.record)
         completion = CompletionOutput(
             index=0,
@@ -231,12 +197,6 @@ class LLMEngine:
             time=now,
         )
 
-    def _clock(self) -> float:
-        """perf_counter after the device has finished the work queued so far."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
@@ -257,6 +217,14 @@ class LLMEngine:
         return None, ids
 
     # ---- numbers for lessons and the server ----
+    @property
+    def step_records(self) -> deque[StepRecord]:
+        return self.engine_core.step_records
+
+    @property
+    def last_step_record(self) -> StepRecord | None:
+        return self.engine_core.step_records[-1] if self.engine_core.step_records else None
+
     @property
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions

@@ -1,4 +1,9 @@
-"""SchedulerOutput -> packed model inputs -> one forward pass over the mixed batch -> logits.
+"""The engine's executor: SchedulerOutput -> packed inputs -> one forward pass -> sampled tokens.
+
+``ModelRunner.execute_model`` is the ``Executor`` that ``EngineCore`` calls (the simulator's
+``RooflineExecutor`` is the other one). It times its own phases, because only it knows when the
+device has finished: on CUDA the clock is read after ``torch.cuda.synchronize()``, or the forward's
+time would be billed to whichever later phase first waits for the GPU.
 
 Packing (no padding): the new tokens of every scheduled request are concatenated, prefill chunks and
 decodes alike, so one forward pass serves the whole batch (Orca's iteration-level batching). Each
@@ -10,12 +15,15 @@ nothing, and skipping its rows saves a [tokens, vocab] matmul.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from minengine.core.engine_core import ModelRunnerOutput
+from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.engine.kv_cache import PagedKVCache
-from minengine.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minengine.engine.sampler import Sampler
 from minengine.models.attention import AttentionMetadata
 
 
@@ -33,12 +41,35 @@ class ModelInput:
 
 
 class ModelRunner:
-    """Runs the model on a ``SchedulerOutput`` against the paged KV cache."""
+    """Runs the model on a ``SchedulerOutput`` against the paged KV cache, then samples."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
+        self.sampler = sampler
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step: prepare, forward, sample; phase times go into the step's record."""
+        for request_id in scheduler_output.finished_req_ids:
+            self.sampler.free(request_id)
+        t0 = self._clock()
+        inputs = self.prepare_inputs(scheduler_output)
+        t1 = self._clock()
+        logits = self.forward(inputs)
+        t2 = self._clock()
+        tokens = self.sampler(logits, [s.request for s in inputs.sampled])
+        t3 = self._clock()
+        sampled = {s.request_id: tok for s, tok in zip(inputs.sampled, tokens, strict=True)}
+        return ModelRunnerOutput(sampled, timings={"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2})
+
+    def _clock(self) -> float:
+        """perf_counter after the device has finished the work queued so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def prepare_inputs(self, output: SchedulerOutput) -> ModelInput:
         """Build the packed tensors on the CPU (plain Python lists), then copy them to the device once."""
@@ -71,7 +102,7 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute_model(self, inputs: ModelInput) -> torch.Tensor:
+    def forward(self, inputs: ModelInput) -> torch.Tensor:
         """One forward over the packed batch; returns fp32 logits [M, vocab] for the sampled requests."""
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_cache.kv_caches)
         if not inputs.sampled:

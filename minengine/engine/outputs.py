@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minengine.metrics.records import RequestRecord
+from minengine.core.records import RequestRecord
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from minengine.engine.sequence import Request, SamplingParams
+from minengine.core.request import Request
+from minengine.core.sampling_params import SamplingParams
 
 
 class Sampler:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import RequestRecord, StepRecord
-from .stats import (
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.metrics.stats import (
     Distribution,
     RunSummary,
     max_rate_meeting_slo,
@@ -19,7 +19,7 @@ from .stats import (
     slo_attainment,
     summarize,
 )
-from .trace import to_chrome_trace
+from minengine.metrics.trace import to_chrome_trace
 
 _PLOTS = ("plot_request_timeline", "plot_step_gantt", "plot_kv_usage", "plot_latency_cdf")
 
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _PLOTS:
-        from . import plots
+        from minengine.metrics import plots
 
         return getattr(plots, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .records import RequestRecord, StepRecord
-from .stats import Distribution, RunSummary, summarize
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.metrics.stats import Distribution, RunSummary, summarize
 
 PHASE_COLORS = {
     "schedule": "tab:purple",

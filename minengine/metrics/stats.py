@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import RequestRecord, StepRecord
+from minengine.core.records import RequestRecord, StepRecord
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
 _SLO_ALIASES = {"e2el": "e2e"}  # vLLM's --goodput calls it e2el

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .records import RequestRecord, StepRecord
+from minengine.core.records import RequestRecord, StepRecord
 
 ENGINE_PID = 1
 REQUESTS_PID = 2

@@ -38,9 +38,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from minengine.kvcalc_config import DTYPE_BITS, KVSpec, estimate_num_params, load_model_spec, normalise_dtype
-from minengine.kvcalc_presets import PRESETS
 from minengine.perf.hardware import Accelerator, get_accelerator
+from minengine.perf.model_presets import PRESETS
+from minengine.perf.model_spec import (
+    DTYPE_BITS,
+    KVSpec,
+    estimate_num_params,
+    load_model_spec,
+    normalise_dtype,
+)
 
 # Default efficiencies for datasheet accelerators. Round, documented assumptions, not measurements:
 # gpt-fast decodes Llama-2-7B at 1,397 GB/s on an A100 whose datasheet says 2,039 GB/s (0.69); large

@@ -7,8 +7,7 @@ uvicorn, sse-starlette, prometheus_client) is only needed when you use it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from minengine._lazy import lazy_exports
 
 _EXPORTS = {
     "create_app": "minengine.server.app",
@@ -19,9 +18,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

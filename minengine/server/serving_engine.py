@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from minengine.core.sampling_params import SamplingParams
 from minengine.engine.async_llm import AsyncLLM
 from minengine.engine.outputs import RequestOutput
-from minengine.engine.sequence import SamplingParams
 from minengine.server.metrics import RequestStats, ServerMetrics
 from minengine.server.protocol import SamplingRequest
 

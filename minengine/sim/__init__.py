@@ -6,13 +6,12 @@ returns the same records a real run writes, so ``result.summary()`` prints vLLM'
 rates; ``minengine.sim.calibrate`` (which needs torch) fits the cost model to this machine's engine.
 
 Nothing here imports torch: simulating an H100 takes a laptop CPU and a few seconds. Names load on first
-use, so ``minengine --help`` (which imports ``minengine.sim.cli``) stays instant.
+use, so ``minengine --help`` (which imports ``minengine.cli.simulate``) stays instant.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from minengine._lazy import lazy_exports
 
 _EXPORTS = {
     "CostModel": "minengine.perf.roofline",
@@ -20,7 +19,7 @@ _EXPORTS = {
     "StepCost": "minengine.perf.roofline",
     "DisaggregatedCluster": "minengine.sim.cluster",
     "RooflineExecutor": "minengine.sim.executor",
-    "SimInstance": "minengine.sim.simulator",
+    "SimInstance": "minengine.sim.instance",
     "SimResult": "minengine.sim.simulator",
     "Simulator": "minengine.sim.simulator",
     "SweepResult": "minengine.sim.simulator",
@@ -42,12 +41,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

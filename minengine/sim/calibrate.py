@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from minengine.metrics.records import StepRecord
+from minengine.core.records import StepRecord
 from minengine.perf.roofline import CostModel, ModelShape, step_cost_of_record
 
 # A random-weight Llama (GQA, 4 query heads per KV head, like Llama 3) big enough that its weights
@@ -185,8 +185,8 @@ def run_engine_workload(model: Any = None, *, num_requests: int = 24,
     config dict, or a loaded model. All requests are added at once; as they finish, the decode batch
     shrinks from ``max_num_seqs`` to 1, which spreads the steps over the roofline.
     """
-    from minengine.engine.sequence import SamplingParams
-    from minengine.llm import LLM
+    from minengine.core.sampling_params import SamplingParams
+    from minengine.engine.llm import LLM
 
     if model == "shipped":
         llm = LLM(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

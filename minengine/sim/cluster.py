@@ -13,12 +13,16 @@ Here a request's life is:
 2. its prompt's KV cache crosses the link: ``prompt tokens x KV bytes per token / link bandwidth +
    latency`` (the prefill instance frees its blocks at once; real systems hold them until the transfer
    ends, which matters only when the link is slow);
-3. a decode instance takes it into its running batch with the prompt counted as computed (like vLLM's
-   KV-connector hook) and generates the remaining ``output_len - 1`` tokens. The first inter-token gap
-   includes the transfer and any wait for a decode slot, as users would see it.
+3. a decode instance receives a second request, the prompt plus that first token, through the
+   scheduler's public seam ``add_request(request, num_computed_tokens=prompt_len)`` (vLLM's
+   KV-connector idea: the prompt's KV is already there), and generates the remaining
+   ``output_len - 1`` tokens. The first inter-token gap includes the transfer and any wait for a
+   decode slot, as users would see it.
 
 Every instance has its own ``Scheduler`` and ``BlockManager`` (decode instances with prefix caching off:
-their KV arrives over the link), and all requests keep one ``RequestRecord`` across both pools.
+their KV arrives over the link) and keeps true records of what *it* did; the user's view of a request
+(arrival and TTFT from the prefill side, the rest from the decode side) is merged from the two at the
+end, without touching either instance's state.
 """
 
 from __future__ import annotations
@@ -28,18 +32,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from minengine.config import EngineConfig
-from minengine.engine.sequence import Request
+from minengine.core.records import RequestRecord
+from minengine.core.request import Request
 from minengine.perf.hardware import Accelerator
 from minengine.perf.roofline import CostModel
-from minengine.sim.simulator import (
-    EventLoop,
-    SimInstance,
-    SimResult,
-    SimulatorBase,
-    collect_result,
-    make_request,
-    make_router,
-)
+from minengine.sim.instance import EventLoop, SimInstance, make_router
+from minengine.sim.simulator import SimResult, SimulatorBase, collect_result, make_request
 from minengine.sim.workload import RequestSpec
 
 # A 400 Gb/s InfiniBand NDR port moves 50 GB/s: one NIC per GPU, as in DistServe's and Splitwise's clusters.
@@ -92,11 +90,13 @@ class DisaggregatedCluster(SimulatorBase):
         prefill = [self._instance(f"prefill-{i}", self.prefill_config) for i in range(self.num_prefill)]
         decode = [self._instance(f"decode-{i}", self.decode_config) for i in range(self.num_decode)]
         route_prefill, route_decode = make_router(self.router_name), make_router(self.router_name)
-        loop, records = EventLoop(), []
+        loop = EventLoop()
+        prefill_records: list[RequestRecord] = []
+        decode_records: dict[int, RequestRecord] = {}
 
         def arrive(i: int) -> None:
             req = make_request(specs[i], i, max_tokens=1)
-            records.append(req.record)
+            prefill_records.append(req.record)
             inst = route_prefill(prefill)
             inst.add_request(req)
             self._kick(loop, inst, prefill_done)
@@ -106,7 +106,6 @@ class DisaggregatedCluster(SimulatorBase):
                 spec = specs[int(req.request_id)]
                 if spec.output_len == 1:
                     continue  # done: the prefill's token was the whole answer
-                req.record.finish_time = req.record.finish_reason = None  # it goes on elsewhere
                 target = route_decode(decode)
                 target.incoming += 1
                 loop.at(loop.now + self.transfer_time(spec.prompt_len),
@@ -114,16 +113,29 @@ class DisaggregatedCluster(SimulatorBase):
 
         def deliver(req: Request, spec: RequestSpec, target: SimInstance) -> None:
             target.incoming -= 1
-            moved = make_request(spec, int(req.request_id))
-            moved.token_ids.append(req.token_ids[-1])  # the first token, sampled by the prefill instance
-            moved.record = req.record  # one record for the request's whole life
-            bm = target.scheduler.block_manager
-            if bm.blocks_needed(min(self.config.max_model_len, spec.prompt_len + spec.output_len) - 1
-                                ) > bm.num_blocks:  # type: ignore[type-var]
-                raise ValueError(f"request {req.request_id} does not fit a decode instance's KV cache")
-            target.transferred.append(moved)
+            i = int(req.request_id)
+            moved = make_request(spec, i)  # the whole output budget; its first token is already known
+            moved.append_output_token(req.token_ids[-1], req.record.token_times[0])
+            decode_records[i] = moved.record
+            target.add_request(moved, num_computed_tokens=spec.prompt_len)
             self._kick(loop, target, lambda inst, finished: None)
 
         self._arrivals(loop, specs, arrive)
         loop.run()
+        records = [merge_records(r, decode_records.get(i)) for i, r in enumerate(prefill_records)]
         return collect_result(records, prefill + decode, self.describe())
+
+
+def merge_records(prefill: RequestRecord, decode: RequestRecord | None) -> RequestRecord:
+    """The user's view of a disaggregated request: queueing, cache hits and the first token from the
+    prefill instance, every later token and the finish from the decode instance."""
+    if decode is None:
+        return prefill
+    return dataclasses.replace(
+        decode,
+        arrival_time=prefill.arrival_time,
+        first_scheduled_time=prefill.first_scheduled_time,
+        num_cached_tokens=prefill.num_cached_tokens,
+        num_preemptions=prefill.num_preemptions + decode.num_preemptions,
+        token_times=list(decode.token_times),
+    )

@@ -1,4 +1,4 @@
-"""The simulated executor: a ``SchedulerOutput`` goes in, a predicted step time comes out.
+"""The simulator's executor: a ``SchedulerOutput`` goes in, a predicted step time comes out.
 
 In the real engine the model runner turns the scheduler's batch into tensors and runs the model; here
 the same batch is turned into (new tokens, cached tokens) per request and priced by the roofline cost
@@ -12,14 +12,15 @@ written out in plain arithmetic instead of building chunk lists; ``test_sim`` ch
 
 from __future__ import annotations
 
-from minengine.engine.scheduler import SchedulerOutput
+from minengine.core.engine_core import ModelRunnerOutput
+from minengine.core.sched_output import SchedulerOutput
 from minengine.perf.roofline import CostModel, StepCost
 
 DUMMY_TOKEN = 1  # every "sampled" token; prompts carry a unique id, so no spurious prefix-cache hits
 
 
 class RooflineExecutor:
-    """Prices each step with a ``CostModel`` (datasheet or calibrated)."""
+    """The ``Executor`` of the simulator: prices each step with a ``CostModel`` (datasheet or calibrated)."""
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
@@ -40,7 +41,12 @@ class RooflineExecutor:
         chunks = [(s.num_tokens, s.start) for s in output.scheduled]
         return self.cost_model.step_cost(chunks, sum(s.sample for s in output.scheduled))
 
-    def execute(self, output: SchedulerOutput) -> float:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """A dummy token for every request that samples; the step takes ``step_time`` seconds."""
+        sampled = {s.request_id: DUMMY_TOKEN for s in scheduler_output.scheduled if s.sample}
+        return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output))
+
+    def step_time(self, output: SchedulerOutput) -> float:
         """Predicted seconds for this step."""
         if not self._full_attention:
             return self.step_cost(output).time

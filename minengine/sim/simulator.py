@@ -1,37 +1,34 @@
 """A discrete-event simulator serving a workload with the engine's REAL ``Scheduler`` and ``BlockManager``.
 
-Each engine instance (``SimInstance``) runs the loop of ``LLMEngine.step`` without a model:
-``schedule()`` -> the executor predicts the step's time from the roofline -> the clock jumps to the end
-of the step -> ``update_from_output()`` with a dummy token for every request that samples -> a
-``StepRecord``. Requests that arrive while a step runs wait for the next ``schedule()``, as in the real
-engine. Every request carries the engine's ``RequestRecord``, so ``minengine.metrics.summarize`` reports
-the simulation exactly like a real run.
+Each engine instance (``SimInstance``, ``sim/instance.py``) is an ``EngineCore`` whose executor predicts
+each step's time from the roofline instead of running a model: the same ``schedule()`` ->
+``execute_model()`` -> ``update_from_output()`` -> ``StepRecord`` loop as the real engine, with a dummy
+token for every request that samples. Every request carries the engine's ``RequestRecord``, so
+``minengine.metrics.summarize`` reports the simulation exactly like a real run.
 
-Speed: arrivals are handed to the scheduler only as far as it could admit them in one step (``max_num_seqs
-- running + 1`` waiting requests) for the two built-in policies, which admit in queue order; the rest wait
-in a backlog that the StepRecord's ``num_waiting`` still counts. Without this, an overloaded run would
-walk a queue of thousands of requests on every step. Custom policies get every arrival at once.
+Speed: the built-in policies admit in queue order (``SchedulingPolicy.admits_in_queue_order``), so the
+scheduler looks only at the head of a long waiting queue; an overloaded run with thousands waiting costs
+no more per step than a quiet one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from minengine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from minengine.engine.scheduler import DecodeFirstPolicy, PrefillFirstPolicy, Scheduler, SchedulerOutput
-from minengine.engine.sequence import Request, RequestStatus, SamplingParams
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.core.request import Request
+from minengine.core.sampling_params import SamplingParams
+from minengine.core.scheduler import check_request_size
 from minengine.kvcalc import DEFAULT_ACTIVATION_RESERVE_BYTES
-from minengine.metrics.records import RequestRecord, StepRecord
 from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, summarize
 from minengine.perf.hardware import Accelerator
 from minengine.perf.roofline import CostModel
-from minengine.sim.executor import DUMMY_TOKEN, RooflineExecutor
+from minengine.sim.executor import RooflineExecutor
+from minengine.sim.instance import EventLoop, SimInstance, make_router
 from minengine.sim.workload import RequestSpec, prompt_token_ids, with_rate
 
 
@@ -81,107 +78,6 @@ def make_request(spec: RequestSpec, index: int, max_tokens: int | None = None) -
     return Request(str(index), prompt_token_ids(spec, index), _PARAMS[n], arrival_time=spec.arrival_time)
 
 
-# ---------------------------------------------------------------------------------------- one engine
-class SimInstance:
-    """One engine replica: the real Scheduler (and its BlockManager), a simulated executor, records."""
-
-    def __init__(self, name: str, config: EngineConfig, num_blocks: int, executor: RooflineExecutor) -> None:
-        self.name = name
-        self.now = 0.0
-        self.scheduler = Scheduler(config, num_blocks, clock=lambda: self.now)
-        self.executor = executor
-        self.backlog: deque[Request] = deque()  # arrived, not yet in the scheduler's waiting queue
-        self.transferred: deque[Request] = deque()  # disaggregation: KV arrived, waiting for a slot
-        self.incoming = 0  # disaggregation: KV transfers on their way here
-        self.steps: list[StepRecord] = []
-        self.busy = False
-        self._inflight: tuple[SchedulerOutput, float] | None = None
-        self._windowed = type(self.scheduler.policy) in (DecodeFirstPolicy, PrefillFirstPolicy)
-
-    @property
-    def load(self) -> int:
-        """Unfinished requests here (for least-loaded routing)."""
-        return len(self.scheduler.requests) + len(self.backlog) + len(self.transferred) + self.incoming
-
-    def add_request(self, request: Request) -> None:
-        self.scheduler.check_request(request)
-        self.backlog.append(request)
-
-    def start_step(self, now: float) -> float | None:
-        """Schedule a step at ``now``; returns when it ends, or None when there is nothing to run."""
-        self.now = now
-        self._feed()
-        if self.transferred:
-            self._admit_transferred()
-        out = self.scheduler.schedule()
-        if not out.scheduled:
-            if self.scheduler.has_unfinished_requests():
-                raise RuntimeError(f"{self.name}: the scheduler scheduled nothing although "
-                                   f"{len(self.scheduler.requests)} requests are unfinished "
-                                   f"(policy {self.scheduler.policy!r})")
-            return None
-        self._inflight = (out, now)
-        return now + self.executor.execute(out)
-
-    def finish_step(self, end: float) -> list[Request]:
-        """End the running step at ``end``: append dummy tokens, stop requests, write the StepRecord."""
-        assert self._inflight is not None
-        out, start = self._inflight
-        self._inflight, self.now = None, end
-        sampled = {s.request.request_id: DUMMY_TOKEN for s in out.scheduled if s.sample}
-        finished = self.scheduler.update_from_output(out, sampled, now=end)
-        record = out.to_step_record(len(self.steps) + 1, start, end, t_forward=end - start)
-        record.num_waiting += len(self.backlog) + len(self.transferred)
-        self.steps.append(record)
-        return finished
-
-    def _feed(self) -> None:
-        sched = self.scheduler
-        if not self._windowed:
-            while self.backlog:
-                sched.add_request(self.backlog.popleft())
-            return
-        room = sched.max_num_seqs - len(sched.running) + 1 - len(sched.waiting)
-        while room > 0 and self.backlog:
-            sched.add_request(self.backlog.popleft())
-            room -= 1
-
-    def _admit_transferred(self) -> None:
-        """Disaggregation: place requests whose prompt KV arrived over the link straight into the running
-        batch with their prompt counted as computed (vLLM does this through its KV-connector hook)."""
-        sched = self.scheduler
-        bm = sched.block_manager
-        while self.transferred and len(sched.running) < sched.max_num_seqs:
-            req = self.transferred[0]
-            if not bm.allocate_slots(req, req.num_prompt_tokens, reserve=len(sched.running)):
-                break
-            self.transferred.popleft()
-            req.num_computed_tokens = req.num_prompt_tokens
-            req.status = RequestStatus.RUNNING
-            sched.running.append(req)
-            sched.requests[req.request_id] = req
-            bm.cache_blocks(req)
-
-
-# ------------------------------------------------------------------------------------------ routing
-def round_robin() -> Callable[[Sequence[SimInstance]], SimInstance]:
-    counter = itertools.count()
-    return lambda instances: instances[next(counter) % len(instances)]
-
-
-def least_loaded() -> Callable[[Sequence[SimInstance]], SimInstance]:
-    return lambda instances: min(instances, key=lambda inst: inst.load)
-
-
-ROUTERS = {"round_robin": round_robin, "least_loaded": least_loaded}
-
-
-def make_router(name: str) -> Callable[[Sequence[SimInstance]], SimInstance]:
-    if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r}; use one of {', '.join(ROUTERS)}")
-    return ROUTERS[name]()
-
-
 # ------------------------------------------------------------------------------------------ results
 @dataclass
 class SimResult:
@@ -198,23 +94,6 @@ class SimResult:
     @property
     def num_preemptions(self) -> int:
         return sum(s.num_preempted for s in self.steps)
-
-
-class EventLoop:
-    """A heap of (time, callback): the whole discrete-event machinery."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-
-    def at(self, time: float, callback: Callable[[], None]) -> None:
-        heapq.heappush(self._heap, (time, next(self._seq), callback))
-
-    def run(self) -> None:
-        while self._heap:
-            self.now, _, callback = heapq.heappop(self._heap)
-            callback()
 
 
 class SimulatorBase:
@@ -235,17 +114,13 @@ class SimulatorBase:
         return SimInstance(name, config or self.config, self.num_blocks, self.executor)
 
     def _validate(self, specs: Sequence[RequestSpec]) -> list[RequestSpec]:
+        """Check every request against the scheduler's own size rule before simulating anything."""
         if not specs:
             raise ValueError("the workload has no requests")
         limit, bs = self.config.max_model_len, self.config.block_size
         assert limit is not None
         for i, s in enumerate(specs):
-            total = min(limit, s.prompt_len + s.output_len)
-            if s.prompt_len >= limit or -(-(total - 1) // bs) > self.num_blocks:
-                raise ValueError(
-                    f"request {i} (prompt {s.prompt_len}, output {s.output_len} tokens) can never run: "
-                    f"max_model_len is {limit} and the KV cache holds {self.num_blocks * bs} tokens"
-                )
+            check_request_size(str(i), s.prompt_len, s.output_len, limit, self.num_blocks, bs)
         return sorted(specs, key=lambda s: s.arrival_time)
 
     def _kick(self, loop: EventLoop, inst: SimInstance, on_done: Callable[[SimInstance, list[Request]], None]

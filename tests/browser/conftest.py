@@ -84,7 +84,7 @@ def _free_port() -> int:
 
 def _copy_course(root: Path, course_dir: Path) -> None:
     """What a learner's ``workspace/`` holds: the lessons and the *student* versions of labs and quizzes."""
-    from minengine.course import place_student_versions, prepare_workspace
+    from minengine.course.tooling import place_student_versions, prepare_workspace
 
     prepare_workspace(root)
     place_student_versions(root, course_dir=course_dir)

@@ -28,7 +28,7 @@ from jlab_helpers import (
     scroll_to_cell,
 )
 
-from minengine.widgets.kv_widget import CONTEXT_CHOICES, _token_label
+from minengine.course.widgets.kv_widget import CONTEXT_CHOICES, _token_label
 
 WIDGET = f"{NOTEBOOK} .me-kv-calculator"
 UPDATE_MS = 30_000  # kernel round trip plus a matplotlib redraw on a busy 2-core machine

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minengine.engine.sequence import Request
+from minengine.core.request import Request
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:

@@ -29,7 +29,7 @@ from minengine.kvcalc import (
     list_presets,
     load_model_spec,
 )
-from minengine.kvcalc_cli import estimate_rows, explain, format_estimate, title
+from minengine.kvcalc.report import estimate_rows, explain, format_estimate, title
 from minengine.perf.hardware import ACCELERATORS
 
 

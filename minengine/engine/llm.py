@@ -13,10 +13,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minengine.config import EngineConfig
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.core.sampling_params import SamplingParams
 from minengine.engine.llm_engine import LLMEngine, PromptType
 from minengine.engine.outputs import RequestOutput
-from minengine.engine.sequence import SamplingParams
-from minengine.metrics.records import RequestRecord, StepRecord
 
 
 class LLM:

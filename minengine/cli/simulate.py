@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from minengine.cli_types import non_negative_int, positive_float, positive_int
+from minengine.cli.validators import non_negative_int, positive_float, positive_int
 
 
 def _rates(text: str) -> list[float]:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minengine.engine.sequence import SamplingParams
-from minengine.metrics.records import RequestRecord, StepRecord
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.core.sampling_params import SamplingParams
 from minengine.models.config import ModelConfig
 from minengine.models.llama import LlamaForCausalLM
 from minengine.models.loader import resolve_device
@@ -204,7 +204,7 @@ def device_profile(headless: bool | None = None, device: str | None = None) -> D
 def shipped_llm(**options: Any) -> Any:
     """The shipped model with a 256 MiB KV cache: on a GPU the default (90% of memory, like vLLM) would
     leave no room for a second engine or a bigger model in the same notebook."""
-    from minengine.llm import LLM
+    from minengine.engine.llm import LLM
 
     return LLM(**{"enable_prefix_caching": False, "kv_cache_memory_bytes": 256 * 2**20, **options})
 

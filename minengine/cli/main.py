@@ -1,4 +1,5 @@
-"""The ``minengine`` command: one argparse subcommand per job (generate, serve, bench, kv, simulate).
+"""The ``minengine`` command: one argparse subcommand per job (generate, serve, bench, kv, simulate),
+each in its own module of ``minengine.cli``.
 
 To add a subcommand, write ``add_<name>_parser(subparsers)`` that registers its flags and sets
 ``func`` (a function taking the parsed args and returning an exit code), then append it to SUBCOMMANDS.
@@ -14,10 +15,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from minengine.bench.cli import add_bench_parser
-from minengine.generate_cli import add_generate_parser
-from minengine.server.cli import add_serve_parser
-from minengine.sim.cli import add_simulate_parser
+from minengine.cli.bench import add_bench_parser
+from minengine.cli.generate import add_generate_parser
+from minengine.cli.kv import add_kv_parser
+from minengine.cli.serve import add_serve_parser
+from minengine.cli.simulate import add_simulate_parser
 
 
 class CLIError(Exception):
@@ -29,18 +31,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise CLIError(f"{self.prog}: error: {message} (see --help)")
-
-
-def add_kv_parser(subparsers: argparse._SubParsersAction) -> None:
-    from minengine import kvcalc_cli  # light: no torch
-
-    parser = subparsers.add_parser(
-        "kv", help="KV-cache size and capacity calculator",
-        description="How much memory the KV cache takes, and how many sequences fit on a GPU. Example: "
-                    "minengine kv --model llama-3.1-8b --context 8192 --batch 16 --gpu h100",
-    )
-    kvcalc_cli.add_arguments(parser)
-    parser.set_defaults(func=kvcalc_cli.run)
 
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

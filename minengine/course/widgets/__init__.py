@@ -1,6 +1,6 @@
 """ipywidgets front ends used by the lessons (need the ``course`` extra: ipywidgets, matplotlib)."""
 
-from minengine.widgets.experiments import TwoPhasesWidget
-from minengine.widgets.kv_widget import KVCalculatorWidget, kv_calculator
+from minengine.course.widgets.experiments import TwoPhasesWidget
+from minengine.course.widgets.kv_widget import KVCalculatorWidget, kv_calculator
 
 __all__ = ["KVCalculatorWidget", "TwoPhasesWidget", "kv_calculator"]

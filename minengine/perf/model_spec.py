@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from minengine.kvcalc_presets import PRESETS
+from minengine.perf.model_presets import PRESETS
 
 # Bits per stored element. "auto" means "the model's dtype", as in vLLM's --kv-cache-dtype auto.
 DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}

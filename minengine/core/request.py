@@ -1,11 +1,12 @@
 """A request as the scheduler sees it: tokens, progress, status, KV blocks, sampling params, timestamps.
 
-vLLM v1 calls this ``Request`` (nano-vllm calls it ``Sequence``; both names work here). Its one number
+vLLM v1 calls this ``Request`` (nano-vllm calls the same thing ``Sequence``). Its one number
 that drives scheduling is ``num_computed_tokens``: how many of ``token_ids`` (prompt + output) already
 have their K/V in the cache. Each step gives a request tokens until computed catches up with
 ``num_tokens``; then its last position's logits give the next token.
 
-No torch here: the simulator drives the same requests with a fake executor.
+No torch here: the simulator drives the same requests with a simulated executor. Only the scheduler
+changes ``status`` and ``num_computed_tokens`` (and the block manager the block table).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from minengine.metrics.records import RequestRecord
+from minengine.core.records import RequestRecord
+from minengine.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -44,58 +46,6 @@ _FINISH_REASONS = {
 }
 
 
-SAMPLING_EPS = 1e-5  # temperatures below this mean greedy (as in vLLM)
-
-@dataclass
-class SamplingParams:
-    """How to pick each next token and when to stop (vLLM's names and defaults).
-
-    temperature 0 means greedy. ``top_k`` 0 (or -1) and ``top_p`` 1 switch those filters off. ``seed``
-    gives the request its own random generator, so its samples do not depend on what else was batched.
-    ``max_tokens`` None means "until EOS or max_model_len". Stop strings are cut from the returned text.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int | None = 16
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be an int >= 1, or 0 / -1 to disable, got {self.top_k!r}")
-        if self.top_k == -1:
-            self.top_k = 0
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
-            raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        self.stop = stop
-        ids = list(self.stop_token_ids or [])
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
-        self.stop_token_ids = ids
-
-    @property
-    def greedy(self) -> bool:
-        # Below vLLM's _SAMPLING_EPS (1e-5) dividing by the temperature overflows: treat it as greedy.
-        return self.temperature < SAMPLING_EPS
-
-
 @dataclass(eq=False)  # identity semantics: two requests are never "equal"
 class Request:
     """One generation request. The scheduler, block manager and engine all update it in place."""
@@ -118,8 +68,6 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.block_table: list[int] = []  # KV block ids, in order (block i holds tokens i*bs..)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids (prefix cache)
-        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
-        self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.record = RequestRecord(
             request_id=self.request_id,
@@ -151,6 +99,16 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    # The record is the one place these counts live (the scheduler writes them there).
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache when the request was first admitted."""
+        return self.record.num_cached_tokens
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.record.num_preemptions
 
     @property
     def finish_reason(self) -> str | None:
@@ -190,6 +148,3 @@ class Request:
             f"blocks={len(self.block_table)})"
         )
 
-
-Sequence = Request  # nano-vllm's name for the same thing
-SequenceStatus = RequestStatus

@@ -1,11 +1,11 @@
-"""The token-budget scheduler (vLLM v1's rule) and its pluggable policies.
+"""The token-budget scheduler (vLLM v1's rule): the only writer of who runs and how far each request got.
 
 Every request has ``num_computed_tokens`` and ``num_tokens`` (prompt + output). Each step hands out at
 most ``max_num_batched_tokens`` tokens so that computed catches up with total; a decoding request needs
 1 token, a prefill needs its whole prompt (or, with chunked prefill, as much as fits: Sarathi-Serve's
 chunks). At most ``max_num_seqs`` requests run at once. One ``schedule()`` call:
 
-1. asks the policy for the order in which requests are offered the budget (``SchedulingPolicy.order``);
+1. asks the policy (``core/policies.py``) for the order in which requests are offered the budget;
 2. a *running* request gets its tokens if its KV blocks can be allocated; when they cannot, the
    policy's victim (by default the most recently admitted running request not yet scheduled in this
    step) is preempted by recompute: its blocks are freed, it goes back to the FRONT of the waiting queue
@@ -21,173 +21,56 @@ chunks). At most ``max_num_seqs`` requests run at once. One ``schedule()`` call:
 Chunked prefill off: ``EngineConfig`` guarantees ``max_num_batched_tokens >= max_model_len``, so any
 prompt fits an empty step; it waits while the remaining budget is too small.
 
-No torch and no model here: the engine's model runner and the simulator's cost model both consume the
-``SchedulerOutput``, and ``update_from_output`` takes plain token ids back.
+No torch and no model here: ``EngineCore`` hands the ``SchedulerOutput`` to an executor (the engine's
+model runner or the simulator's cost model) and gives the sampled token ids back to
+``update_from_output``. Nothing outside this class writes ``running``, ``waiting``, a request's
+``status`` or its ``num_computed_tokens``; the public seams below are how everyone else asks:
+``add_request`` (optionally with KV that was computed elsewhere, as a disaggregated decode instance
+receives it), ``finish_request`` / ``abort_request``, and ``update_from_output``.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from minengine.config import EngineConfig
-from minengine.engine.block_manager import BlockManager
-from minengine.engine.sequence import Request, RequestStatus
-from minengine.metrics.records import StepRecord
+from minengine.core.block_manager import BlockManager
+from minengine.core.policies import make_policy
+from minengine.core.request import Request, RequestStatus
+from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
+
+# Called after each sampled token is appended: (request, finishing) -> the stop string it completed, or
+# None. The engine's detokenizer answers it (stop strings need text; the scheduler only sees ids).
+StopChecker = Callable[[Request, bool], "str | None"]
 
 
-# ---- policies ----
-class SchedulingPolicy:
-    """Who is offered the step's token budget first. Subclass it to write your own policy.
+def check_request_size(
+    request_id: str, num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, num_blocks: int,
+    block_size: int,
+) -> None:
+    """Raise ValueError if a request of this size can never run (too long for the model or the cache).
 
-    The interface is two methods and one flag; the scheduler enforces budget, ``max_num_seqs`` and
-    memory, so a policy cannot break the engine, only be slow or unfair:
-
-    - ``order(running, waiting)`` returns the requests to offer tokens to, in order. ``running`` is in
-      admission order, ``waiting`` in queue order (preempted requests at the front). Leaving a request
-      out skips it for this step. Each running request gets all the tokens it needs if they fit
-      (a decode: 1; an unfinished prefill: the rest of its prompt, chunked to the remaining budget);
-      each waiting one is admitted if it fits, and the first that does not fit stops admissions.
-    - ``select_victim(candidates)`` picks whom to preempt when a running request needs a KV block and
-      none is free; ``candidates`` are the running requests not yet scheduled in this step (the needy
-      request included), in admission order. Default: the last one (most recently admitted), as vLLM.
-    - ``decode_with_prefill``: if False, a step that has already scheduled prompt tokens skips the
-      decodes that come after them in the order (vLLM V0's default: prefill steps and decode steps).
+    Plain numbers in, so the simulator can check a whole workload before it builds any request.
     """
-
-    name = "custom"
-    decode_with_prefill: bool = True
-
-    def order(self, running: Sequence[Request], waiting: Sequence[Request]) -> list[Request]:
-        raise NotImplementedError
-
-    def select_victim(self, candidates: Sequence[Request]) -> Request:
-        return candidates[-1]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
-
-
-class DecodeFirstPolicy(SchedulingPolicy):
-    """vLLM v1 / Sarathi-Serve "stall-free" order: running decodes, then running prefill chunks, then
-    new requests. Decodes are never delayed by a long prompt, which keeps inter-token latency flat."""
-
-    name = "decode_first"
-
-    def order(self, running: Sequence[Request], waiting: Sequence[Request]) -> list[Request]:
-        decodes = [r for r in running if not r.is_prefill]
-        prefills = [r for r in running if r.is_prefill]
-        return decodes + prefills + list(waiting)
-
-
-class PrefillFirstPolicy(SchedulingPolicy):
-    """The classic vLLM V0 order: admit waiting requests first (FCFS), then running prefill chunks, then
-    decodes. With ``decode_with_prefill=False`` (default) a step that schedules any prompt tokens runs no
-    decodes, so decodes only run in steps with no prefill work: new requests get their first token
-    sooner (lower TTFT) and running ones stall while prompts are processed (higher ITL). With True,
-    decodes fill whatever budget the prefills left in the same step."""
-
-    name = "prefill_first"
-
-    def __init__(self, decode_with_prefill: bool = False) -> None:
-        self.decode_with_prefill = decode_with_prefill
-
-    def order(self, running: Sequence[Request], waiting: Sequence[Request]) -> list[Request]:
-        prefills = [r for r in running if r.is_prefill]
-        decodes = [r for r in running if not r.is_prefill]
-        return list(waiting) + prefills + decodes
-
-
-POLICIES = {"decode_first": DecodeFirstPolicy, "prefill_first": PrefillFirstPolicy}
-
-
-def make_policy(policy: str | SchedulingPolicy) -> SchedulingPolicy:
-    if isinstance(policy, str):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-        return POLICIES[policy]()
-    return policy
-
-
-# ---- scheduler output ----
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: compute tokens ``start .. start + num_tokens - 1``."""
-
-    request: Request
-    num_tokens: int
-    start: int  # num_computed_tokens before this step (the context already in the KV cache)
-    is_prefill: bool
-    sample: bool  # True when this step computes the request's last token: a new token will be sampled
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-
-@dataclass
-class SchedulerOutput:
-    """What to run in one step (batch order = ``scheduled`` order) and the numbers a StepRecord needs."""
-
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_request_ids: list[str] = field(default_factory=list)
-    num_running: int = 0  # after scheduling
-    num_waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up by requests admitted in this step
-    prefix_cache_hits: int = 0
-
-    @property
-    def num_scheduled_tokens(self) -> dict[str, int]:
-        return {s.request_id: s.num_tokens for s in self.scheduled}
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def prefill_request_ids(self) -> list[str]:
-        return [s.request_id for s in self.scheduled if s.is_prefill]
-
-    @property
-    def decode_request_ids(self) -> list[str]:
-        return [s.request_id for s in self.scheduled if not s.is_prefill]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.is_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if not s.is_prefill)
-
-    def to_step_record(self, step: int, start: float, end: float, **times: float) -> StepRecord:
-        """A StepRecord of this batch; ``times`` are t_schedule / t_prepare / t_forward / t_sample."""
-        return StepRecord(
-            step=step,
-            start=start,
-            end=end,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_decode_tokens=self.num_decode_tokens,
-            num_prefill_seqs=sum(s.is_prefill for s in self.scheduled),
-            num_decode_seqs=sum(not s.is_prefill for s in self.scheduled),
-            num_running=self.num_running,
-            num_waiting=self.num_waiting,
-            num_preempted=len(self.preempted_request_ids),
-            kv_blocks_used=self.kv_blocks_used,
-            kv_blocks_total=self.kv_blocks_total,
-            prefix_cache_queries=self.prefix_cache_queries,
-            prefix_cache_hits=self.prefix_cache_hits,
-            decode_context_lens=[s.start + 1 for s in self.scheduled if not s.is_prefill],
-            prefill_chunks=[(s.num_tokens, s.start) for s in self.scheduled if s.is_prefill],
-            **times,
+    if num_prompt_tokens >= max_model_len:
+        raise ValueError(
+            f"request {request_id!r} can never run: the prompt has {num_prompt_tokens} tokens but max_model_len is "
+            f"{max_model_len}, which leaves no room for an output token; shorten the prompt or raise "
+            "max_model_len"
+        )
+    need = max_model_len if max_tokens is None else min(max_model_len, num_prompt_tokens + max_tokens)
+    if -(-(need - 1) // block_size) > num_blocks:  # the last sampled token's K/V is never stored
+        raise ValueError(
+            f"request {request_id!r} can never run: it may grow to {need} tokens (prompt {num_prompt_tokens} + max_tokens "
+            f"{max_tokens}, at most max_model_len {max_model_len}) but the whole KV cache holds "
+            f"{num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}); lower max_tokens "
+            "or give the cache more blocks (num_blocks / kv_cache_memory_bytes)"
         )
 
 
-# ---- scheduler ----
 class Scheduler:
     """Owns the waiting queue, the running list and the block manager; decides every step's batch."""
 
@@ -210,38 +93,40 @@ class Scheduler:
         self.running: list[Request] = []  # admission order
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0  # total, like vllm:num_preemptions
+        self._num_external_computed: dict[str, int] = {}  # waiting request id -> tokens whose KV came in
+        self._finished_req_ids: set[str] = set()  # since the last schedule(), for the executor
 
     # ---- requests in and out ----
     def check_request(self, request: Request) -> None:
         """Raise ValueError if the request can never run (too long for the model or the KV cache)."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        n, limit = request.num_prompt_tokens, self.max_model_len
-        if n >= limit:
-            raise ValueError(
-                f"request {request.request_id!r}: the prompt has {n} tokens but max_model_len is {limit}, "
-                "which leaves no room for an output token; shorten the prompt or raise max_model_len"
-            )
-        need, bm = request.max_total_tokens(limit), self.block_manager
-        if bm.blocks_needed(need - 1) > bm.num_blocks:  # the last sampled token's K/V is never stored
-            raise ValueError(
-                f"request {request.request_id!r} may grow to {need} tokens (prompt {n} + max_tokens "
-                f"{request.sampling_params.max_tokens}, at most max_model_len {limit}) but the whole KV "
-                f"cache holds {bm.num_blocks * bm.block_size} tokens ({bm.num_blocks} blocks of "
-                f"{bm.block_size}); lower max_tokens or give the cache more blocks (num_blocks / "
-                "kv_cache_memory_bytes)"
-            )
+        bm = self.block_manager
+        check_request_size(request.request_id, request.num_prompt_tokens, request.sampling_params.max_tokens,
+                           self.max_model_len, bm.num_blocks, bm.block_size)
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, num_computed_tokens: int = 0) -> None:
+        """Queue a new request. ``num_computed_tokens`` > 0 says that the KV of its first tokens was
+        computed elsewhere and will be in its blocks when it is admitted: a disaggregated decode
+        instance receives requests that way (vLLM's KV-connector seam). At least the last token is
+        always left to compute here: its logits give the next token."""
         self.check_request(request)
-        request.status = RequestStatus.WAITING
+        if request.status != RequestStatus.WAITING or request.block_table:
+            raise ValueError(f"request {request.request_id!r} is not new (status {request.status.name})")
+        if num_computed_tokens:
+            if not 0 < num_computed_tokens < request.num_tokens:
+                raise ValueError(
+                    f"request {request.request_id!r}: num_computed_tokens must be in [0, "
+                    f"{request.num_tokens - 1}] (its last token is computed here), got {num_computed_tokens}"
+                )
+            self._num_external_computed[request.request_id] = num_computed_tokens
         self.waiting.append(request)
         self.requests[request.request_id] = request
 
     def finish_request(
         self, request_id: str, status: RequestStatus, now: float | None = None
     ) -> Request | None:
-        """End a request (abort, or a stop string found by the engine): free its blocks at once."""
+        """End a request now (abort, or a stop the engine found): free its blocks at once."""
         assert status.is_finished
         request = self.requests.pop(request_id, None)
         if request is None:
@@ -273,13 +158,17 @@ class Scheduler:
         bm, now = self.block_manager, self.clock()
         queries0, hits0 = bm.prefix_cache_queries, bm.prefix_cache_hits
         budget = self.max_num_batched_tokens
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = set()
         scheduled: set[str] = set()
         preempted: list[Request] = []
         admitting = True
         prefill_scheduled = False
+        waiting: deque[Request] | list[Request] = self.waiting
+        if self.policy.admits_in_queue_order:  # only the head of the queue could be admitted this step
+            waiting = list(itertools.islice(self.waiting, max(0, self.max_num_seqs - len(self.running))))
 
-        for req in self.policy.order(self.running, self.waiting):
+        for req in self.policy.order(self.running, waiting):
             if budget == 0:
                 break
             if req.status == RequestStatus.RUNNING:
@@ -298,23 +187,25 @@ class Scheduler:
                 if req.status != RequestStatus.RUNNING:
                     continue  # it preempted itself
             elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                # Includes requests preempted earlier in this loop: nothing is admitted after a preemption.
                 if not admitting or preempted or len(self.running) >= self.max_num_seqs:
                     admitting = False
                     continue
                 hits, num_cached = bm.get_computed_blocks(req)
-                num_new = req.num_tokens - num_cached
+                num_computed = max(num_cached, self._num_external_computed.get(req.request_id, 0))
+                num_new = req.num_tokens - num_computed
                 if num_new > budget and not self.enable_chunked_prefill:
                     admitting = False
                     continue
                 num_new = min(num_new, budget)
-                if not bm.allocate_slots(
-                    req, num_new, hits, reserve=self._reserve(scheduled, budget - num_new)
-                ):
+                # Blocks for the KV that arrives from elsewhere are allocated like new tokens' blocks.
+                num_slots = num_computed - num_cached + num_new
+                if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(scheduled, budget - num_new)):
                     admitting = False
                     continue
-                self._admit(req, num_cached, now)
+                self._admit(req, num_computed, num_cached, now)
             else:
-                continue  # finished, or preempted earlier in this loop
+                continue  # finished (aborted) after the policy ordered it
             is_prefill, sample = req.is_prefill, req.num_computed_tokens + num_new == req.num_tokens
             out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens, is_prefill, sample))
             scheduled.add(req.request_id)
@@ -329,13 +220,12 @@ class Scheduler:
         return out
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: dict[str, int], now: float | None = None
+        self, output: SchedulerOutput, sampled_token_ids: dict[str, int], now: float | None = None,
+        stop_checker: StopChecker | None = None,
     ) -> list[Request]:
         """After the forward pass: advance computed tokens, cache full blocks, append sampled tokens,
-        stop finished requests (EOS, stop token ids, max_tokens, max_model_len) and free their blocks.
-
-        Returns the requests that finished. Stop *strings* need text: the engine checks them and calls
-        ``finish_request``.
+        stop finished requests (EOS, stop token ids, max_tokens, max_model_len, and a stop string when
+        ``stop_checker`` finds one) and free their blocks. Returns the requests that finished.
         """
         now = self.clock() if now is None else now
         finished = []
@@ -350,6 +240,10 @@ class Scheduler:
                 continue  # a prefill chunk that did not reach the end of the prompt
             req.append_output_token(token, now)
             status = req.check_stop(self.max_model_len)
+            if stop_checker is not None:
+                stop = stop_checker(req, status is not None)
+                if stop is not None:  # a stop string wins over a length stop in the same token (as vLLM)
+                    status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
             if status is not None:
                 self.requests.pop(req.request_id)
                 self.running.remove(req)
@@ -368,14 +262,15 @@ class Scheduler:
                 total += max(0, bm.blocks_needed(r.num_computed_tokens + n) - len(r.block_table))
         return total
 
-    def _admit(self, req: Request, num_cached: int, now: float) -> None:
+    def _admit(self, req: Request, num_computed: int, num_cached: int, now: float) -> None:
         self.waiting.remove(req)  # usually the head: O(1)
         self.running.append(req)
+        self._num_external_computed.pop(req.request_id, None)  # a recompute after preemption starts over
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_cached
+        req.num_computed_tokens = num_computed
         if req.record.first_scheduled_time is None:
             req.record.first_scheduled_time = now
-            req.num_cached_tokens = req.record.num_cached_tokens = num_cached
+            req.record.num_cached_tokens = num_cached
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop its KV, send it to the front of the waiting queue."""
@@ -383,13 +278,14 @@ class Scheduler:
         self.running.remove(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
-        req.num_preemptions += 1
         req.record.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
         self.block_manager.free(req)
+        self._num_external_computed.pop(req.request_id, None)
+        self._finished_req_ids.add(req.request_id)
         req.status = status
         req.record.finish_time = now
         req.record.finish_reason = status.finish_reason

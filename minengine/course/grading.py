@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COURSE_DIR = REPO_ROOT / "build" / "course"
 SOURCE_ROOTS = (REPO_ROOT / "labs", REPO_ROOT / "quizzes")
 COURSE_ID = "minengine"

@@ -19,7 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from minengine.kvcalc_config import (
+from minengine.perf.hardware import Accelerator, get_accelerator
+from minengine.perf.model_presets import PRESETS
+from minengine.perf.model_spec import (
     DTYPE_BITS,
     KV_CACHE_DTYPES,
     KVCalcError,
@@ -33,8 +35,6 @@ from minengine.kvcalc_config import (
     normalise_dtype,
     weight_dtype_of,
 )
-from minengine.kvcalc_presets import PRESETS
-from minengine.perf.hardware import Accelerator, get_accelerator
 
 GiB = 2**30
 
@@ -46,7 +46,7 @@ MAX_CONTEXT_SEARCH = 2**24  # the "max context" search stops here (reached only 
 
 
 __all__ = [
-    "DEFAULT_ACTIVATION_RESERVE_BYTES", "DEFAULT_BLOCK_SIZE", "MAX_CONTEXT_SEARCH", "DTYPE_BITS", "KV_CACHE_DTYPES", "PRESETS",
+    "GiB", "DEFAULT_ACTIVATION_RESERVE_BYTES", "DEFAULT_BLOCK_SIZE", "MAX_CONTEXT_SEARCH", "DTYPE_BITS", "KV_CACHE_DTYPES", "PRESETS",
     "KVCalcError", "KVEstimate", "KVSpec", "dtype_bytes", "estimate", "estimate_num_params", "format_bytes",
     "from_hf_config", "from_hub", "kv_bytes_mha", "kv_bytes_per_batch", "kv_bytes_per_sequence",
     "kv_bytes_per_token", "kv_bytes_per_token_per_layer", "kv_cache_budget", "kv_heads_per_rank",

@@ -24,11 +24,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from minengine.engine.sequence import SamplingParams
+from minengine.core.sampling_params import SamplingParams
 from minengine.metrics.stats import summarize
 
-if TYPE_CHECKING:  # lessons_util imports torch: load it when a widget is built, not on import
-    from minengine.lessons_util import DeviceProfile, RunResult
+if TYPE_CHECKING:  # course.lessons imports torch: load it when a widget is built, not on import
+    from minengine.course.lessons import DeviceProfile, RunResult
 
 MODEL_CHOICES = {"shipped": "shipped (3.5M params)", "random": "random Llama (bigger)"}
 MAX_TOKENS_PER_RUN = {"cpu": 65_536, "mps": 131_072, "cuda": 4_194_304}  # batch x (prompt + output)
@@ -63,7 +63,7 @@ class TwoPhasesWidget:
     def __init__(self, prompt_len: int = 256, output_len: int = 32, batch: int = 4, model: str = "shipped",
                  profile: DeviceProfile | None = None,
                  llm_factory: Callable[[str], Any] | None = None) -> None:
-        from minengine.lessons_util import device_profile
+        from minengine.course.lessons import device_profile
 
         self.profile = profile or device_profile()
         self._factory = llm_factory or self._default_factory
@@ -110,8 +110,8 @@ class TwoPhasesWidget:
 
     # ---- engines ----
     def _default_factory(self, model: str) -> Any:
-        from minengine.lessons_util import make_engine_options, random_llama, shipped_llm
-        from minengine.llm import LLM
+        from minengine.course.lessons import make_engine_options, random_llama, shipped_llm
+        from minengine.engine.llm import LLM
 
         if model == "shipped":
             return shipped_llm()
@@ -157,7 +157,7 @@ class TwoPhasesWidget:
 
     def run(self) -> ExperimentResult | None:
         """Validate, run the batch, update text and plots. Errors become a message, never an exception."""
-        from minengine.lessons_util import WorkRequest, random_prompt, run_requests, torch_threads
+        from minengine.course.lessons import WorkRequest, random_prompt, run_requests, torch_threads
 
         self.error = None
         self.message.value = ""

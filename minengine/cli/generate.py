@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minengine.cli_types import positive_int
+from minengine.cli.validators import positive_int
 
 
 def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -103,8 +103,8 @@ def _write(text: str) -> None:
 async def _stream_local(args: argparse.Namespace) -> Any:
     import torch
 
+    from minengine.core.sampling_params import SamplingParams
     from minengine.engine.async_llm import AsyncLLM
-    from minengine.engine.sequence import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)

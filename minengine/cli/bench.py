@@ -15,7 +15,7 @@ import math
 import os
 import sys
 
-from minengine.cli_types import non_negative_int, positive_int
+from minengine.cli.validators import non_negative_int, positive_int
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:

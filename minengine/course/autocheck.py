@@ -11,7 +11,7 @@ Why the checks live here and not in the notebooks:
   answer a learner could read off.
 
 Instructors writing a question get its digest with
-``python -m minengine.autocheck choice quiz1.q1 B`` or ``... number quiz1.q5 295 --step 10``.
+``python -m minengine.course.autocheck choice quiz1.q1 B`` or ``... number quiz1.q5 295 --step 10``.
 This module must stay light (no torch): every test cell imports it.
 """
 
@@ -128,7 +128,7 @@ def check_number(question: str, answer: Any, digest: str, step: float, tolerance
 # ----------------------------------------------------------------------------------- lab 1 references
 def _lab1_models() -> dict[str, tuple[dict[str, Any], int | None]]:
     """Configs the learner never sees in the notebook, with their parameter counts."""
-    from minengine.kvcalc_presets import PRESETS
+    from minengine.perf.model_presets import PRESETS
 
     models = {key: (dict(PRESETS[key]["config"]), PRESETS[key]["num_params"])
               for key in ("qwen2.5-72b", "mixtral-8x7b", "gemma-2-9b", "llama-3.1-70b")}
@@ -272,7 +272,7 @@ def lab1_check_plot(plot_kv_vs_context: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- the CLI
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minengine.autocheck",
+    parser = argparse.ArgumentParser(prog="python -m minengine.course.autocheck",
                                      description="Print the digest a quiz test cell compares against.")
     sub = parser.add_subparsers(dest="kind", required=True)
     p_choice = sub.add_parser("choice", help="a multiple-choice key, e.g. quiz1.q1 B")

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LESSONS_DIR = REPO_ROOT / "lessons"
 WORKSPACE_DIR = REPO_ROOT / "workspace"
 COURSE_DIR = REPO_ROOT / "build" / "course"
@@ -63,7 +63,7 @@ def place_student_versions(workspace: Path = WORKSPACE_DIR, course_dir: Path = C
 
     They are generated first when missing or older than their sources. Returns the files newly copied.
     """
-    from minengine import grading
+    from minengine.course import grading
 
     kinds = GRADED_KINDS if kinds is None else kinds
     per_kind = {kind: grading.discover_sources((root,)) for kind, root in kinds.items()}
@@ -134,7 +134,7 @@ def _print_scores(scores: list) -> None:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from minengine import grading
+    from minengine.course import grading
 
     released = grading.release(args.course_dir, timeout=args.timeout)
     for assignment, folder in released.items():
@@ -144,7 +144,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from minengine import grading
+    from minengine.course import grading
 
     for path in grading.submit(args.student, args.paths, args.course_dir, args.assignment):
         print(f"submitted {path}")
@@ -152,7 +152,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_autograde(args: argparse.Namespace) -> int:
-    from minengine import grading
+    from minengine.course import grading
 
     print("autograding (each notebook runs in a fresh kernel) ...", flush=True)
     _print_scores(grading.autograde(args.course_dir, args.student, args.assignment))
@@ -160,7 +160,7 @@ def cmd_autograde(args: argparse.Namespace) -> int:
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
-    from minengine import grading
+    from minengine.course import grading
 
     made = grading.feedback(args.course_dir, args.student, args.assignment)
     for path in made:
@@ -171,7 +171,7 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from minengine import grading
+    from minengine.course import grading
 
     dest = grading.export_grades(args.course_dir, args.to)
     print(f"grades written to {dest}")
@@ -205,7 +205,7 @@ def validate(path: Path, timeout: int = 60) -> Validation:
     from nbgrader.validator import Validator
     from traitlets.config import Config
 
-    from minengine.grading import KERNEL_ARGS, GradingError, grading_environment
+    from minengine.course.grading import KERNEL_ARGS, GradingError, grading_environment
 
     path = Path(path).resolve()
     if not path.is_file():
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         return open_course(rest, args.workspace)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    from minengine.grading import GradingError
+    from minengine.course.grading import GradingError
 
     try:
         return COMMANDS[args.command](args)

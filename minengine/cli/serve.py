@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from minengine.cli_types import port, positive_int
+from minengine.cli.validators import port, positive_int
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
