@@ -38,6 +38,9 @@ except ImportError:  # run as a script: python benchmarks/attention_decode.py
     import common  # type: ignore[no-redef]
 
 
+_OLD_INDICES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per metadata object, built once
+
+
 def before(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: attn.KVCache,
            meta: attn.AttentionMetadata, scale: float) -> torch.Tensor:
     """The decode path as it was: every decode in one SDPA call, keys padded, gathered by k_flat[slots]."""
@@ -46,7 +49,7 @@ def before(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: attn.KVCach
     k_flat, v_flat = k_cache.view(-1, n_kv, d), v_cache.view(-1, n_kv, d)
     k_flat.index_copy_(0, meta.slot_mapping, k)
     v_flat.index_copy_(0, meta.slot_mapping, v)
-    if "old" not in meta._cache:
+    if id(meta) not in _OLD_INDICES:
         assert meta.block_tables is not None
         lens = torch.tensor(meta.seq_lens)
         max_len, bs = int(lens.max()), meta.block_size
@@ -54,8 +57,8 @@ def before(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: attn.KVCach
         tables = torch.tensor([(t + [0] * max_blocks)[:max_blocks] for t in meta.block_tables])
         pos = torch.arange(max_len)
         slots = tables[:, pos // bs] * bs + pos % bs
-        meta._cache["old"] = (slots, (pos[None, :] < lens[:, None])[:, None, None, :])
-    slots, mask = meta._cache["old"]
+        _OLD_INDICES[id(meta)] = (slots, (pos[None, :] < lens[:, None])[:, None, None, :])
+    slots, mask = _OLD_INDICES[id(meta)]
     keys, values = k_flat[slots].transpose(1, 2), v_flat[slots].transpose(1, 2)
     return attn._sdpa(q.unsqueeze(2), keys, values, mask, scale).squeeze(2)
 

@@ -98,7 +98,7 @@ def test_grouped_cpu_decode_attention_matches_one_group(monkeypatch: pytest.Monk
             meta = attn.AttentionMetadata.build([1] * len(seq_lens), seq_lens, tables, bs)
             kv = (cache[0].clone(), cache[1].clone())
             outs.append(attn.paged_attention(q, k, v, kv, meta, d**-0.5, sliding_window=window))
-            groups = meta._cache[f"decode/{window}"]
+            groups = meta.decode_groups[window]
             assert len(groups) == (1 if group_tokens > 1 else len(seq_lens))
         torch.testing.assert_close(outs[0], outs[1])
 

@@ -15,8 +15,9 @@ Token ``p`` (absolute position) of a sequence lives in slot
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,8 @@ class AttentionMetadata:
     block_tables:    each sequence's KV block ids, in order (None without a cache).
     block_size:      tokens per block.
 
-    Build a fresh one every step: the first layer caches index tensors in it that every layer reuses.
+    ``prepare`` builds the gather indices every layer reads (``decode_groups``, ``context_slots``); the
+    model calls it once per forward, before its first layer, so no layer builds them again.
     """
 
     query_start_loc: list[int]
@@ -49,8 +51,11 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None = None
     block_tables: list[list[int]] | None = None
     block_size: int = 16
-    # Per-step tensors shared by every layer (built by the first layer that needs them).
-    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Filled by prepare(): decode groups per sliding window (None = full attention), and each prefill
+    # sequence's context slots (by its index in the batch).
+    decode_groups: dict[int | None, list[DecodeGroup]] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
+    context_slots: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.query_start_loc) != len(self.seq_lens) + 1:
@@ -85,6 +90,22 @@ class AttentionMetadata:
     def last_token_indices(self) -> list[int]:
         """Row of each sequence's last new token: the only rows whose logits the engine needs."""
         return [end - 1 for end in self.query_start_loc[1:]]
+
+    def prepare(self, device: torch.device, sliding_windows: Iterable[int | None] = (None,)) -> None:
+        """Build the per-step gather indices for these windows (once; a later call adds missing windows).
+
+        Without a KV cache (``block_tables`` None) there is nothing to gather.
+        """
+        if self.block_tables is None:
+            return
+        query_lens = self.query_lens
+        decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+        for window in set(sliding_windows):
+            if window not in self.decode_groups:
+                self.decode_groups[window] = _decode_groups(self, decode_rows, device, window)
+        for i, n in enumerate(query_lens):
+            if n > 1 and i not in self.context_slots:
+                self.context_slots[i] = _gather_slots(self, i, device)
 
     @classmethod
     def for_prefill(cls, seq_lens: list[int]) -> AttentionMetadata:
@@ -166,32 +187,36 @@ def _context_mask(key_pos: torch.Tensor, query_pos: torch.Tensor, sliding_window
     return mask
 
 
+class DecodeGroup(NamedTuple):
+    """Decodes attended in one SDPA call: their query rows [n], the flat cache slots of their keys
+    [n * L] (L = the group's longest context), and a key mask [n, 1, 1, L] (None when none is padded)."""
+
+    starts: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+
+
 def _gather_slots(meta: AttentionMetadata, i: int, device: torch.device) -> torch.Tensor:
-    """Flat cache slots of sequence i's first seq_lens[i] tokens (cached per step, like the decode inputs)."""
-    key = f"slots/{i}"
-    if key not in meta._cache:
-        assert meta.block_tables is not None
-        pos = torch.arange(meta.seq_lens[i], device=device)
-        blocks = torch.tensor(meta.block_tables[i], dtype=torch.long, device=device)
-        meta._cache[key] = blocks[pos // meta.block_size] * meta.block_size + pos % meta.block_size
-    return meta._cache[key]
+    """Flat cache slots of sequence i's first seq_lens[i] tokens."""
+    assert meta.block_tables is not None
+    pos = torch.arange(meta.seq_lens[i], device=device)
+    blocks = torch.tensor(meta.block_tables[i], dtype=torch.long, device=device)
+    return blocks[pos // meta.block_size] * meta.block_size + pos % meta.block_size
 
 
 def _decode_groups(
     meta: AttentionMetadata, rows: list[int], device: torch.device, sliding_window: int | None
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """Split the single-token sequences ``rows`` into groups; per group: (query rows [n], flat cache slots
-    [n * L], key mask [n, 1, 1, L] or None), L being the group's longest context.
+) -> list[DecodeGroup]:
+    """Split the single-token sequences ``rows`` into ``DecodeGroup``s.
 
     Shorter keys are padded to L (padding points at slot 0 and is masked out). On a GPU all decodes form
     one group: one SDPA call. On a CPU the rows are sorted by length and cut into groups of about
     ``CPU_DECODE_GROUP_TOKENS`` context tokens, so little is padded and each group's gathered K/V stays
     in the core's cache while SDPA reads it (``benchmarks/attention_decode.py``: about 2x faster decode
-    attention at batch 64 than one padded call). Built once per step and reused by every layer.
+    attention at batch 64 than one padded call). Built once per step (``prepare``) for every layer.
     """
-    key = f"decode/{sliding_window}"
-    if key in meta._cache:
-        return meta._cache[key]
+    if not rows:
+        return []
     assert meta.block_tables is not None
     bs = meta.block_size
     if device.type == "cpu":
@@ -218,8 +243,7 @@ def _decode_groups(
             query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # the new token ends its context
             mask = _context_mask(pos.expand(len(group), -1), query_pos, sliding_window)
             mask = mask.unsqueeze(1)  # [n, 1(head), 1(query), L]
-        out.append((starts, slots, mask))
-    meta._cache[key] = out
+        out.append(DecodeGroup(starts, slots, mask))
     return out
 
 
@@ -263,23 +287,19 @@ def paged_attention(
     k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
     v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
 
-    query_lens = meta.query_lens
-    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
-    if decode_rows:
-        # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.
-        # index_select, not k_flat[slots]: on a CPU it copies whole rows and is 2-4x faster.
-        for starts, slots, mask in _decode_groups(meta, decode_rows, q.device, sliding_window):
-            n = starts.shape[0]
-            keys = k_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
-            values = v_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
-            queries = q[starts].unsqueeze(2)  # [n, H_q, 1, D]
-            out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
-    for i, n in enumerate(query_lens):
-        if n == 1:
-            continue
+    meta.prepare(q.device, (sliding_window,))  # a no-op when the model prepared it for every layer
+    # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.
+    # index_select, not k_flat[slots]: on a CPU it copies whole rows and is 2-4x faster.
+    for starts, slots, mask in meta.decode_groups[sliding_window]:
+        n = starts.shape[0]
+        keys = k_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
+        values = v_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
+        queries = q[starts].unsqueeze(2)  # [n, H_q, 1, D]
+        out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
+    for i, slots in meta.context_slots.items():
         # A prefill (chunk): gather this sequence's whole context, then attend from its last n positions.
         a, b, seq_len = meta.query_start_loc[i], meta.query_start_loc[i + 1], meta.seq_lens[i]
-        slots = _gather_slots(meta, i, q.device)
+        n = b - a
         k_ctx, v_ctx = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
         out[a:b] = _attend(q[a:b], k_ctx, v_ctx, seq_len - n, scale, sliding_window)
     return out

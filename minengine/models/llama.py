@@ -174,6 +174,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.sliding_windows = {layer.self_attn.sliding_window for layer in self.layers}  # None = full
 
     def forward(
         self,
@@ -185,6 +186,8 @@ class LlamaModel(nn.Module):
         if kv_caches is not None and len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
         x = self.embed_tokens(input_ids)
+        # Gather indices for every layer's attention, built once per forward (one set per window size).
+        attn_metadata.prepare(x.device, self.sliding_windows)
         for i, layer in enumerate(self.layers):
             cache = kv_caches[i] if kv_caches is not None else None
             x = layer(x, positions, self.rotary_emb, attn_metadata, cache)
