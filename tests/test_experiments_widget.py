@@ -34,7 +34,7 @@ def widget(engines: dict[str, Any]) -> TwoPhasesWidget:
 
 def _classes(w: TwoPhasesWidget) -> set[str]:
     parts = [w.widget, w.model, w.prompt_len, w.output_len, w.batch, w.threads, w.run_button, w.clear_button,
-             w.progress, w.status, w.message, w.results, w.plot]
+             w.progress, w.status_line, w.message, w.results, w.plot]
     return {c for part in parts for c in part._dom_classes}
 
 

@@ -54,10 +54,10 @@ class OpenAIError(Exception):
 
     def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
-        self.message, self.status, self.param = message, status, param
+        self.message, self.status_code, self.param = message, status, param
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.status, self.param)
+        return error_body(self.message, self.status_code, self.param)
 
 
 def error_body(message: str, status: int = 400, param: str | None = None) -> dict[str, Any]:
@@ -240,7 +240,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def stream_error(e: BaseException) -> dict[str, str]:
     """An error after the stream began: it can only travel as an event (then [DONE])."""
     logger.exception("error while streaming", exc_info=e)
-    status = e.status if isinstance(e, OpenAIError) else 500
+    status = e.status_code if isinstance(e, OpenAIError) else 500
     return sse(error_body(str(e) or type(e).__name__, status))
 
 

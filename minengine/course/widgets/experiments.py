@@ -86,7 +86,7 @@ class TwoPhasesWidget:
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="",
                                             layout=widgets.Layout(width="360px",
                                                                   visibility="hidden")).add_class("me-exp-progress")
-        self.status = widgets.HTML().add_class("me-exp-status")
+        self.status_line = widgets.HTML().add_class("me-exp-status")
         self.message = widgets.HTML().add_class("me-exp-message")
         self.results = widgets.HTML().add_class("me-exp-results")
         self.plot = widgets.Image(format="png").add_class("me-exp-plot")
@@ -103,7 +103,7 @@ class TwoPhasesWidget:
         self.clear_button.on_click(lambda _b: self.clear())
         controls = widgets.VBox([self.model, self.prompt_len, self.output_len, self.batch, self.threads,
                                  widgets.HBox([self.run_button, self.clear_button]), self.progress,
-                                 self.status, self.message])
+                                 self.status_line, self.message])
         self.widget = widgets.VBox([widgets.HBox([controls, self.results]), self.plot]).add_class(
             "me-exp-two-phases")
         self._draw()
@@ -121,7 +121,7 @@ class TwoPhasesWidget:
     def _engine(self, model: str) -> Any:
         if model not in self._engines:
             if model == "random":
-                self.status.value = f"building a random {self.profile.big_shape.describe()} (a few seconds)..."
+                self.status_line.value = f"building a random {self.profile.big_shape.describe()} (a few seconds)..."
             self._engines[model] = self._factory(model)
         return self._engines[model]
 
@@ -167,7 +167,7 @@ class TwoPhasesWidget:
             llm = self._engine(model)
             p, o, b = self._check(llm)
             threads = self._threads_for(model)
-            self.status.value = f"running {b} request(s) of {p} + {o} tokens on {threads} thread(s)..."
+            self.status_line.value = f"running {b} request(s) of {p} + {o} tokens on {threads} thread(s)..."
             expected = math.ceil(b * p / llm.llm_engine.config.max_num_batched_tokens) + o - 1
             self.progress.max, self.progress.value = max(expected, 1), 0
             self.progress.layout.visibility = "visible"
@@ -180,7 +180,7 @@ class TwoPhasesWidget:
             self.progress.value = self.progress.max
             self.last_run, self.result = run, self._summarise(model, p, o, b, threads, run)
             self.history.append(self.result)
-            self.status.value = f"done in {run.wall:.2f} s"
+            self.status_line.value = f"done in {run.wall:.2f} s"
         except ValueError as exc:
             self._fail(str(exc))
         except Exception as exc:  # an engine bug or out of memory: still a sentence, not a traceback
@@ -197,7 +197,7 @@ class TwoPhasesWidget:
 
     def _fail(self, text: str) -> None:
         self.error = text
-        self.status.value = ""
+        self.status_line.value = ""
         self.message.value = (f"<div class='me-exp-error' style='color:#b00020'><b>Cannot run:</b> "
                               f"{html.escape(text)}</div>")
 
