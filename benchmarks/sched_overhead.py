@@ -47,8 +47,8 @@ class NullEngine:
         blocks = num_seqs * -(-(prompt_len + max_tokens) // config.block_size)
         self.scheduler = Scheduler(config, blocks)
         self.num_steps = 0
-        executor = NullExecutor(token=lambda request: 3 + self.num_steps % 30000)
-        self.core = EngineCore(self.scheduler, executor, max_step_records=1)
+        self.executor = NullExecutor(token=3)
+        self.core = EngineCore(self.scheduler, self.executor, max_step_records=1)
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         for i in range(num_seqs):
             prompt = [(i * 131 + j) % 30000 + 3 for j in range(prompt_len)]
@@ -58,6 +58,7 @@ class NullEngine:
 
     def step(self) -> tuple[float, float, int]:
         """One step; returns (schedule seconds, update + record seconds, requests scheduled)."""
+        self.executor.token = 3 + self.num_steps % 30000  # a new token each step, as the old loop had
         t0 = time.perf_counter()
         inflight: StepInFlight | None = self.core.start_step()  # schedule + the null executor
         t1 = time.perf_counter()

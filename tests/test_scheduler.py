@@ -35,7 +35,7 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, first: int = 1,
 
 def core_for(sched: Scheduler, rng: random.Random | None = None) -> EngineCore:
     """The engine's own step loop around ``sched``; sampled tokens are 5, or random in 0..3 with ``rng``."""
-    return EngineCore(sched, NullExecutor(token=(lambda r: rng.randrange(4)) if rng else (lambda r: 5)))
+    return EngineCore(sched, NullExecutor(token=(lambda r: rng.randrange(4)) if rng else 5))
 
 
 def fake_step(sched: Scheduler, rng: random.Random | None = None) -> SchedulerOutput:

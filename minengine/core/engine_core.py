@@ -146,15 +146,19 @@ class EngineCore:
 class NullExecutor:
     """Computes nothing and takes no time: for scheduler tests and the scheduler-overhead benchmark.
 
-    Every request that samples gets ``token(request)`` (default: token id 1).
+    Every request that samples gets ``token``: one id for all (cheapest), or ``token(request)``.
     """
 
-    def __init__(self, token: Callable[[Request], int] | None = None, elapsed: float | None = None) -> None:
-        self.token = token if token is not None else (lambda request: 1)
+    def __init__(self, token: int | Callable[[Request], int] = 1, elapsed: float | None = None) -> None:
+        self.token = token
         self.elapsed = elapsed
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        sampled = {s.request_id: self.token(s.request) for s in scheduler_output.scheduled if s.sample}
+        token, sampling = self.token, (s for s in scheduler_output.scheduled if s.sample)
+        if isinstance(token, int):
+            sampled = dict.fromkeys((s.request_id for s in sampling), token)
+        else:
+            sampled = {s.request_id: token(s.request) for s in sampling}
         return ModelRunnerOutput(sampled, elapsed=self.elapsed)
 
 

@@ -12,6 +12,15 @@ from collections.abc import Sequence
 from minengine.core.request import Request
 
 
+def split_by_phase(requests: Sequence[Request]) -> tuple[list[Request], list[Request]]:
+    """(decoding, prefilling) requests, each in the given order: one pass, one ``is_prefill`` each."""
+    decodes: list[Request] = []
+    prefills: list[Request] = []
+    for r in requests:
+        (prefills if r.is_prefill else decodes).append(r)
+    return decodes, prefills
+
+
 class SchedulingPolicy:
     """Who is offered the step's token budget first. Subclass it to write your own policy.
 
@@ -55,8 +64,7 @@ class DecodeFirstPolicy(SchedulingPolicy):
     admits_in_queue_order = True
 
     def order(self, running: Sequence[Request], waiting: Sequence[Request]) -> list[Request]:
-        decodes = [r for r in running if not r.is_prefill]
-        prefills = [r for r in running if r.is_prefill]
+        decodes, prefills = split_by_phase(running)
         return decodes + prefills + list(waiting)
 
 
@@ -74,8 +82,7 @@ class PrefillFirstPolicy(SchedulingPolicy):
         self.decode_with_prefill = decode_with_prefill
 
     def order(self, running: Sequence[Request], waiting: Sequence[Request]) -> list[Request]:
-        prefills = [r for r in running if r.is_prefill]
-        decodes = [r for r in running if not r.is_prefill]
+        decodes, prefills = split_by_phase(running)
         return list(waiting) + prefills + decodes
 
 

@@ -174,7 +174,8 @@ class Scheduler:
             if req.status == RequestStatus.RUNNING:
                 if req.request_id in scheduled:
                     continue
-                if not req.is_prefill and prefill_scheduled and not self.policy.decode_with_prefill:
+                is_prefill = req.is_prefill  # allocation below does not change it
+                if not is_prefill and prefill_scheduled and not self.policy.decode_with_prefill:
                     continue
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 while not bm.allocate_slots(req, num_new):
@@ -204,9 +205,10 @@ class Scheduler:
                     admitting = False
                     continue
                 self._admit(req, num_computed, num_cached, now)
+                is_prefill = req.is_prefill
             else:
                 continue  # finished (aborted) after the policy ordered it
-            is_prefill, sample = req.is_prefill, req.num_computed_tokens + num_new == req.num_tokens
+            sample = req.num_computed_tokens + num_new == req.num_tokens
             out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens, is_prefill, sample))
             scheduled.add(req.request_id)
             budget -= num_new
