@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from minengine.engine.threads import set_torch_threads
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = ROOT / "benchmarks" / "out" / "models"  # git-ignored
 TOKENIZER_DIR = ROOT / "minengine" / "assets" / "tinystories-4m"
@@ -92,9 +94,7 @@ def command_line() -> str:
 
 def set_threads(n: int) -> int:
     """Set torch's intra-op threads (0 = leave torch's default); returns the count in use."""
-    if n:
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
+    return set_torch_threads(n)
 
 
 # ------------------------------------------------------------------------------------------ models

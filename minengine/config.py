@@ -10,6 +10,7 @@ The model's own shape lives in ``minengine.models.config.ModelConfig`` (read fro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,45 @@ class EngineConfig:
     @property
     def is_resolved(self) -> bool:
         return self.max_model_len is not None and self.max_num_batched_tokens is not None
+
+    # ---- KV-cache size: the one rule for the engine, the simulator and the course ----
+    def kv_cache_budget_bytes(
+        self, kv_bytes_per_token: float, device_budget_bytes: float | Callable[[], float] | None = None
+    ) -> float:
+        """Bytes the KV cache may take: ``kv_cache_memory_bytes`` if given, else the device's budget (a
+        GPU: total x gpu_memory_utilization minus weights and activations, worked out by the caller, who
+        may pass a function so that it is only measured when needed), else the fixed CPU budget, no
+        larger than ``max_num_seqs`` sequences of ``max_model_len`` tokens could use."""
+        assert self.is_resolved, "call EngineConfig.resolved() first"
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
+        if device_budget_bytes is not None:
+            return device_budget_bytes() if callable(device_budget_bytes) else device_budget_bytes
+        blocks_per_seq = -(-self.max_model_len // self.block_size)  # type: ignore[operator]
+        per_block = self.block_size * kv_bytes_per_token
+        return min(DEFAULT_CPU_KV_CACHE_BYTES, self.max_num_seqs * blocks_per_seq * per_block)
+
+    def num_kv_blocks(
+        self,
+        kv_bytes_per_token: float,
+        device_budget_bytes: float | Callable[[], float] | None = None,
+        *,
+        context: str = "",
+        hint: str = "raise kv_cache_memory_bytes or lower block_size",
+    ) -> int:
+        """KV blocks for a model whose token costs ``kv_bytes_per_token``: ``num_blocks`` if given, else
+        the budget of ``kv_cache_budget_bytes`` in whole blocks. ``context`` and ``hint`` only word the
+        error raised when not even one block fits."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        budget = self.kv_cache_budget_bytes(kv_bytes_per_token, device_budget_bytes)
+        per_block = self.block_size * kv_bytes_per_token
+        if budget < per_block:
+            raise ValueError(
+                f"{context}the KV cache budget ({budget:.0f} bytes) is smaller than one block ({per_block:.0f} "
+                f"bytes = {self.block_size} tokens); {hint}"
+            )
+        return int(budget // per_block)
 
     def _check_budget(self, max_model_len: int, budget: int) -> None:
         if not self.enable_chunked_prefill and budget < max_model_len:

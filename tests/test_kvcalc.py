@@ -311,3 +311,42 @@ def test_cli_subprocess_and_no_torch() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
     probe = "import sys, minengine.cli.main, minengine.cli.kv; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, timeout=60).returncode == 0
+
+
+# ---------------------------------------------------------------------- one normaliser for model inputs
+def test_every_function_accepts_any_model_description(tmp_path: Path) -> None:
+    """A preset name, an HF dict, a config.json path or folder, a KVSpec and a ModelConfig mean one model."""
+    from minengine.models.config import ModelConfig
+
+    cfg = PRESETS["llama-3.1-8b"]["config"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model_spec("llama-3.1-8b")
+    model_config = ModelConfig.from_hf({**cfg, "architectures": ["LlamaForCausalLM"]})
+    for model in ("llama-3.1-8b", cfg, tmp_path, tmp_path / "config.json", str(tmp_path), spec, model_config):
+        assert kv_bytes_per_token(model) == 131_072, model
+        assert kvcalc.kv_bytes_per_token_per_layer(model, "fp8") == 131_072 // 32 // 2
+        assert kv_bytes_per_sequence(model, 100, block_size=16) == 112 * 131_072  # 7 blocks of 16
+        assert kv_bytes_per_batch(model, 100, 3) == 3 * 100 * 131_072
+        assert kvcalc.kv_heads_per_rank(model, 2) == 4
+        assert kvcalc.weight_bytes(model) == 2 * 8_030_261_248
+        assert estimate(model, 4096, gpu="h100").num_gpu_blocks == estimate(spec, 4096, gpu="h100").num_gpu_blocks
+
+
+@pytest.mark.parametrize("bad", [42, 3.5, None, [1, 2], object()])
+def test_a_wrong_model_type_gives_the_readable_error(bad: object) -> None:
+    for call in (lambda: kv_bytes_per_token(bad), lambda: kv_bytes_per_sequence(bad, 10),
+                 lambda: kv_bytes_per_batch(bad, 10, 2), lambda: kvcalc.weight_bytes(bad),
+                 lambda: estimate(bad, 1024), lambda: load_model_spec(bad)):
+        with pytest.raises(KVCalcError, match="cannot describe a model from .*pass a KVSpec, a Hugging Face"):
+            call()
+
+
+def test_one_dtype_table() -> None:
+    assert model_spec.normalise_dtype("torch.bfloat16") == model_spec.normalise_dtype("BF16") == "bf16"
+    assert model_spec.dtype_bits("half") == 16 and model_spec.dtype_bits("float8_e4m3fn") == 8
+    assert model_spec.dtype_of_bits(16) == "bf16" and model_spec.dtype_of_bits(4) == "int4"
+    assert model_spec.dtype_names("fp16") == ["fp16", "float16", "half"]
+    with pytest.raises(KVCalcError, match="unknown dtype"):
+        model_spec.dtype_bits("fp6")
+    with pytest.raises(KVCalcError, match="auto"):
+        model_spec.dtype_bits("auto")

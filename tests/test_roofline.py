@@ -171,3 +171,23 @@ def test_measure_this_machine_is_quick_cached_and_persisted(tmp_path) -> None:
     assert math.isfinite(acc.ridge_point) and acc.source.startswith("measured")
     cm = CostModel(acc, ModelShape.from_model("llama-2-7b", dtype="fp32"))
     assert cm.decode_cost(1, 1).bound == "memory"
+
+
+def test_model_shape_and_cost_model_accept_any_model_description(tmp_path) -> None:
+    from minengine.kvcalc import PRESETS
+
+    cfg = PRESETS["llama-3.1-8b"]["config"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ref = ModelShape.from_model("llama-3.1-8b")
+    fields = ("num_params", "num_layers", "kv_bytes_per_token", "body_flop_params", "lm_head_params",
+              "weight_bytes", "max_position_embeddings")
+    for model in (cfg, tmp_path, tmp_path / "config.json", str(tmp_path / "config.json"), "meta-llama/Llama-3.1-8B"):
+        shape = ModelShape.from_model(model)
+        assert [getattr(shape, f) for f in fields] == [getattr(ref, f) for f in fields], model
+        expected = CostModel.create("llama-3.1-8b", "h100").decode_cost(8, 1024).time
+        assert CostModel.create(model, "h100").decode_cost(8, 1024).time == expected
+    for bad in (42, None, [1, 2], object()):
+        with pytest.raises(ValueError, match="cannot describe a model from .*pass a KVSpec"):
+            ModelShape.from_model(bad)
+        with pytest.raises(ValueError, match="cannot describe a model from .*pass a KVSpec"):
+            CostModel.create(bad, "h100")

@@ -280,3 +280,34 @@ def test_cli_bad_arguments_exit_2_with_one_line(capsys, args: list[str], message
     assert main(["simulate", "--num-requests", "5", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------- KV blocks: the engine's rule
+def test_engine_config_owns_the_kv_block_rule_the_simulator_uses() -> None:
+    from minengine import kvcalc
+    from minengine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+    from minengine.perf.roofline import CostModel
+    from minengine.sim.simulator import kv_cache_blocks, resolve_config
+
+    per_token, per_block = 1000, 16_000
+    gpu = EngineConfig().resolved(4096)
+    assert gpu.num_kv_blocks(per_token, 7 * per_block + 5) == 7  # the device's budget (a GPU)
+    assert gpu.num_kv_blocks(per_token, lambda: 7 * per_block) == 7  # measured only when needed
+    assert gpu.num_kv_blocks(per_token) == DEFAULT_CPU_KV_CACHE_BYTES // per_block  # CPU: the fixed budget
+    capped = EngineConfig(max_num_seqs=2, max_model_len=100).resolved(4096)
+    assert capped.num_kv_blocks(per_token) == 2 * 7  # no more than 2 sequences of 100 tokens can use
+    explicit = EngineConfig(kv_cache_memory_bytes=10 * per_block + 1).resolved(4096)
+    assert explicit.num_kv_blocks(per_token, lambda: 1 / 0) == 10  # the explicit budget wins
+    assert EngineConfig(num_blocks=3).resolved(4096).num_kv_blocks(per_token, lambda: 1 / 0) == 3
+    with pytest.raises(ValueError, match="smaller than one block"):
+        gpu.num_kv_blocks(per_token, per_block - 1)
+
+    cm = CostModel.create("llama-3.1-8b", "h100")
+    config = resolve_config(cm)
+    budget = kvcalc.kv_cache_budget(cm.accelerator.memory_bytes, 0.9, cm.model.weight_bytes)
+    blocks = kv_cache_blocks(cm, config)
+    assert blocks == config.num_kv_blocks(cm.model.kv_bytes_per_token, budget) == int(budget // (16 * 131_072))
+    assert blocks == kvcalc.estimate("llama-3.1-8b", 4096, gpu="h100").num_gpu_blocks  # `minengine kv` agrees
+    too_big = CostModel.create("llama-3.1-70b", "l4")
+    with pytest.raises(ValueError, match=r"llama-3.1-70b \(131.4 GiB of weights\) on L4 .*smaller than one block"):
+        kv_cache_blocks(too_big, resolve_config(too_big))

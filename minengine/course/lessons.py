@@ -12,8 +12,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +22,10 @@ from tqdm.auto import tqdm
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
+from minengine.engine.threads import torch_threads
 from minengine.models.config import ModelConfig
 from minengine.models.llama import LlamaForCausalLM
-from minengine.models.loader import resolve_device
+from minengine.models.loader import build_random_model, resolve_device
 
 HEADLESS_ENV = "MINENGINE_HEADLESS"
 SHIPPED_VOCAB = 1753  # the shipped tokenizer's size: random models use it so its prompts stay valid
@@ -44,17 +44,6 @@ def physical_cores() -> int:
     except ImportError:
         return max(1, os.cpu_count() or 1)
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` intra-op threads, then restore the previous setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def fastest_thread_count(max_threads: int | None = None, repeats: int = 5) -> int:
@@ -134,19 +123,7 @@ def random_llama(shape: ModelShape, device: str | torch.device | None = None,
                          num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                          head_dim=shape.head_dim, max_position_embeddings=shape.max_len,
                          tie_word_embeddings=True, torch_dtype=str(dtype).removeprefix("torch."))
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(dtype)  # meta tensors: changing dtype costs nothing yet
-    model = model.to_empty(device=dev)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.02, generator=gen)
-            else:
-                p.fill_(1.0)  # RMSNorm weights
-    model.tie_weights()
-    model.model.rotary_emb.build_cache(dev)
-    return model.eval().requires_grad_(False)
+    return build_random_model(config, device=dev, dtype=dtype, seed=seed)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

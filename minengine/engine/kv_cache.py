@@ -4,7 +4,9 @@ Size rule (REFERENCE.md): one token costs ``2 (K and V) x layers x num_key_value
 bytes per element``; a block costs ``block_size`` times that. The number of blocks comes from, in order:
 ``num_blocks``, ``kv_cache_memory_bytes``, or on CUDA vLLM's rule
 ``total memory x gpu_memory_utilization - memory already used (weights, other processes) - peak
-activations of the largest step`` (measured with a dummy forward, like vLLM's profile run).
+activations of the largest step`` (measured with a dummy forward, like vLLM's profile run), else a fixed
+CPU budget. The byte count is ``kvcalc.kv_bytes_per_token`` and the order of the rules is
+``EngineConfig.num_kv_blocks``, shared with the simulator; only the CUDA measurement lives here.
 
 Where each token's K/V goes (its *slot*, ``block_id * block_size + offset``) is worked out per step from
 the block tables by ``AttentionMetadata.build`` in ``minengine.models.attention``.
@@ -12,31 +14,61 @@ the block tables by ``AttentionMetadata.build`` in ``minengine.models.attention`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from minengine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from minengine.config import EngineConfig
+from minengine.kvcalc.calculator import kv_bytes_per_token as _kvcalc_bytes_per_token
 from minengine.models.attention import AttentionMetadata, KVCache, allocate_kv_cache
 from minengine.models.config import ModelConfig
-
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "fp8": 1}
+from minengine.perf.model_input import spec_from_model_config
+from minengine.perf.model_spec import dtype_bits
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
-    """Bytes per element of a torch dtype or a dtype name."""
+    """Bytes per element of a torch dtype or a dtype name (names from ``perf.model_spec``'s table)."""
     if isinstance(dtype, torch.dtype):
         return dtype.itemsize
-    return _DTYPE_BYTES[str(dtype).removeprefix("torch.")]
+    return dtype_bits(dtype) // 8
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype | str) -> int:
-    c = model_config
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * dtype_bytes(dtype)
+    """``kvcalc.kv_bytes_per_token`` of the model: 2 x layers x KV heads x head_dim x bytes."""
+    return _kvcalc_bytes_per_token(spec_from_model_config(model_config), _dtype_name(dtype))
 
 
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
     return block_size * kv_bytes_per_token(model_config, dtype)
+
+
+def _cuda_budget_bytes(config: EngineConfig, device: torch.device, model: torch.nn.Module | None) -> int:
+    """vLLM's rule: total x gpu_memory_utilization - memory in use - peak activations of the largest step."""
+    free, total = torch.cuda.mem_get_info(device)
+    activations = profile_peak_activation_bytes(model, config, device) if model is not None else 0
+    budget = int(total * config.gpu_memory_utilization) - (total - free) - activations
+    if budget <= 0:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB x gpu_memory_utilization "
+            f"{config.gpu_memory_utilization} minus {(total - free) / 2**30:.1f} GiB in use and "
+            f"{activations / 2**30:.2f} GiB for activations is {budget / 2**30:.2f} GiB. Raise "
+            "gpu_memory_utilization, lower max_num_batched_tokens, or set kv_cache_memory_bytes"
+        )
+    return budget
+
+
+def _device_budget(
+    config: EngineConfig, device: torch.device, model: torch.nn.Module | None
+) -> Callable[[], int] | None:
+    """The device-specific part of the budget (CUDA only; measured lazily), for ``EngineConfig``'s rule."""
+    if device.type != "cuda":
+        return None  # CPU/MPS: EngineConfig's fixed budget
+    return lambda: _cuda_budget_bytes(config, device, model)
 
 
 def kv_cache_budget_bytes(
@@ -46,31 +78,9 @@ def kv_cache_budget_bytes(
     device: torch.device,
     model: torch.nn.Module | None = None,
 ) -> int:
-    """Bytes the KV cache may take on ``device`` (see the module docstring for the rule)."""
-    assert config.is_resolved, "call EngineConfig.resolved() first"
-    if config.kv_cache_memory_bytes is not None:
-        return config.kv_cache_memory_bytes
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        activations = profile_peak_activation_bytes(model, config, device) if model is not None else 0
-        budget = int(total * config.gpu_memory_utilization) - (total - free) - activations
-        if budget <= 0:
-            raise ValueError(
-                f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB x gpu_memory_utilization "
-                f"{config.gpu_memory_utilization} minus {(total - free) / 2**30:.1f} GiB in use and "
-                f"{activations / 2**30:.2f} GiB for activations is {budget / 2**30:.2f} GiB. Raise "
-                "gpu_memory_utilization, lower max_num_batched_tokens, or set kv_cache_memory_bytes"
-            )
-        return budget
-    # CPU/MPS: a fixed budget, no larger than max_num_seqs full-length sequences could use.
-    most = (
-        config.max_num_seqs
-        * kv_bytes_per_block(model_config, config.block_size, dtype)
-        * (
-            -(-config.max_model_len // config.block_size)  # type: ignore[operator]
-        )
-    )
-    return min(DEFAULT_CPU_KV_CACHE_BYTES, most)
+    """Bytes the KV cache may take on ``device``: ``EngineConfig.kv_cache_budget_bytes`` with this device."""
+    per_token = kv_bytes_per_token(model_config, dtype)
+    return int(config.kv_cache_budget_bytes(per_token, _device_budget(config, device, model)))
 
 
 def determine_num_blocks(
@@ -80,17 +90,10 @@ def determine_num_blocks(
     device: torch.device,
     model: torch.nn.Module | None = None,
 ) -> int:
+    """``EngineConfig.num_kv_blocks`` for this model on this device."""
     if config.num_blocks is not None:
         return config.num_blocks
-    budget = kv_cache_budget_bytes(config, model_config, dtype, device, model)
-    per_block = kv_bytes_per_block(model_config, config.block_size, dtype)
-    num_blocks = budget // per_block
-    if num_blocks < 1:
-        raise ValueError(
-            f"the KV cache budget ({budget} bytes) is smaller than one block ({per_block} bytes = "
-            f"{config.block_size} tokens); raise kv_cache_memory_bytes or lower block_size"
-        )
-    return int(num_blocks)
+    return config.num_kv_blocks(kv_bytes_per_token(model_config, dtype), _device_budget(config, device, model))
 
 
 @torch.inference_mode()

@@ -26,6 +26,7 @@ from minengine.perf.model_spec import (
     KV_CACHE_DTYPES,
     KVCalcError,
     KVSpec,
+    dtype_bits,
     estimate_num_params,
     from_hf_config,
     from_hub,
@@ -56,12 +57,18 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------ byte counts
+# Every function below that takes ``spec`` accepts whatever ``load_model_spec`` does: a KVSpec, an HF config
+# dict, a config.json path or folder, a preset name, a hub id or a ModelConfig (ModelSpec below).
+ModelSpec = KVSpec | dict[str, Any] | str | Path | Any
+
+
 def dtype_bytes(dtype: str) -> float:
-    return DTYPE_BITS[normalise_dtype(dtype)] / 8
+    return dtype_bits(dtype) / 8
 
 
-def kv_heads_per_rank(spec: KVSpec, tensor_parallel_size: int = 1) -> int:
+def kv_heads_per_rank(spec: ModelSpec, tensor_parallel_size: int = 1) -> int:
     """KV heads one GPU holds. Heads split across ranks; with more ranks than heads they are replicated."""
+    spec = load_model_spec(spec)
     tp = tensor_parallel_size
     if tp < 1:
         raise KVCalcError("tensor_parallel_size must be >= 1")
@@ -78,17 +85,17 @@ def kv_heads_per_rank(spec: KVSpec, tensor_parallel_size: int = 1) -> int:
     return 1
 
 
-def kv_bytes_per_token_per_layer(spec: KVSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+def kv_bytes_per_token_per_layer(spec: ModelSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
                                  quant_group_size: int | None = None, scale_bytes: int = 2) -> int:
     """Bytes one token adds to one layer on one GPU.
 
     Quantised caches may store one scale (``scale_bytes``, fp16 by default) per ``quant_group_size``
     elements; that overhead is what makes int4 cost a little more than half a byte per element.
     """
+    spec = load_model_spec(spec)
     dtype = normalise_dtype(kv_cache_dtype)
     dtype = spec.dtype if dtype == "auto" else dtype
-    heads = kv_heads_per_rank(spec, tensor_parallel_size)
-    elements = spec.head_dim if spec.is_mla else 2 * heads * spec.head_dim  # MLA: one latent, no K/V pair
+    elements = spec.kv_elements_per_token_per_layer(kv_heads_per_rank(spec, tensor_parallel_size))
     size = math.ceil(elements * DTYPE_BITS[dtype] / 8)
     if quant_group_size:
         if quant_group_size < 1:
@@ -97,9 +104,14 @@ def kv_bytes_per_token_per_layer(spec: KVSpec, kv_cache_dtype: str = "auto", ten
     return size
 
 
-def kv_bytes_per_token(spec: KVSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+def kv_bytes_per_token(spec: ModelSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
                        quant_group_size: int | None = None, scale_bytes: int = 2) -> int:
-    """Bytes one token adds across all layers on one GPU (before any sliding window caps it)."""
+    """Bytes one token adds across all layers on one GPU (before any sliding window caps it).
+
+    The one per-token count: for a dense model 2 x layers x kv_heads x head_dim x bytes per element (the
+    engine sizes its cache with it too, through its ModelConfig).
+    """
+    spec = load_model_spec(spec)
     return spec.num_layers * kv_bytes_per_token_per_layer(spec, kv_cache_dtype, tensor_parallel_size,
                                                           quant_group_size, scale_bytes)
 
@@ -117,10 +129,11 @@ def tokens_held(num_tokens: int, window: int | None, block_size: int | None = No
     return blocks * bs
 
 
-def kv_bytes_per_sequence(spec: KVSpec, num_tokens: int, kv_cache_dtype: str = "auto",
+def kv_bytes_per_sequence(spec: ModelSpec, num_tokens: int, kv_cache_dtype: str = "auto",
                           tensor_parallel_size: int = 1, block_size: int | None = None,
                           quant_group_size: int | None = None, scale_bytes: int = 2) -> int:
     """Bytes one sequence of ``num_tokens`` tokens holds on one GPU (windows and paging applied)."""
+    spec = load_model_spec(spec)
     if num_tokens < 0:
         raise KVCalcError("the number of tokens must be >= 0")
     per_layer = kv_bytes_per_token_per_layer(spec, kv_cache_dtype, tensor_parallel_size, quant_group_size,
@@ -128,7 +141,7 @@ def kv_bytes_per_sequence(spec: KVSpec, num_tokens: int, kv_cache_dtype: str = "
     return per_layer * sum(tokens_held(num_tokens, w, block_size) for w in spec.layer_windows)
 
 
-def kv_bytes_per_batch(spec: KVSpec, num_tokens: int, batch_size: int, **kwargs: Any) -> int:
+def kv_bytes_per_batch(spec: ModelSpec, num_tokens: int, batch_size: int, **kwargs: Any) -> int:
     """Bytes for ``batch_size`` sequences of ``num_tokens`` each, on one GPU."""
     return batch_size * kv_bytes_per_sequence(spec, num_tokens, **kwargs)
 
@@ -139,8 +152,10 @@ def kv_bytes_mha(num_layers: int, hidden_size: int, seq_len: int, batch_size: in
     return 2 * num_layers * hidden_size * seq_len * batch_size * bytes_per_element
 
 
-def weight_bytes(spec: KVSpec, weight_dtype: str | None = None, tensor_parallel_size: int = 1) -> int | None:
+def weight_bytes(spec: ModelSpec, weight_dtype: str | None = None, tensor_parallel_size: int = 1
+                 ) -> int | None:
     """Parameters x bytes per parameter, split evenly over TP ranks (embeddings' extra copies ignored)."""
+    spec = load_model_spec(spec)
     if spec.num_params is None:
         return None
     dtype = normalise_dtype(weight_dtype or spec.weight_dtype)
@@ -202,7 +217,7 @@ def max_context_for_batch(seq_bytes_at: Callable[[int], int], batch_size: int, b
     return lo
 
 
-def estimate(model: KVSpec | dict[str, Any] | str | Path, context_len: int, batch_size: int = 1, *,
+def estimate(model: ModelSpec, context_len: int, batch_size: int = 1, *,
              kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
              block_size: int = DEFAULT_BLOCK_SIZE, gpu: str | Accelerator | None = None,
              gpu_memory_utilization: float = 0.9, weight_dtype: str | None = None,

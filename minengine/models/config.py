@@ -19,6 +19,7 @@ from minengine.models.errors import (  # re-exported: `minengine.models.config` 
     UnsupportedModelError,
     WeightMismatchError,
 )
+from minengine.perf.model_spec import KVCalcError, checkpoint_dtype, flatten_text_config, layer_windows
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -116,7 +117,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any] | Any) -> ModelConfig:
         """Build from an HF config dict or a ``transformers.PretrainedConfig``."""
-        d: dict[str, Any] = dict(hf) if isinstance(hf, dict) else hf.to_dict()
+        d = flatten_text_config(dict(hf) if isinstance(hf, dict) else hf.to_dict())
         arch = _architecture(d)
         if d.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{arch}: hidden_act={d['hidden_act']!r} (only 'silu' is supported)")
@@ -153,7 +154,7 @@ class ModelConfig:
             layer_types=layer_types,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
-            torch_dtype=_dtype_name(d.get("torch_dtype") or d.get("dtype")),
+            torch_dtype=checkpoint_dtype(d),
             model_type=str(d.get("model_type", "")),
             **base,
         )
@@ -204,20 +205,15 @@ def _rope(d: dict[str, Any], arch: str) -> tuple[float, dict[str, Any] | None]:
 
 
 def _sliding(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tuple[str, ...]]:
-    """Which layers use a sliding window, and its size (HF masks keys with kv_pos <= q_pos - window)."""
-    window = d.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not d.get("use_sliding_window", False):
-        window = None  # Qwen configs carry a sliding_window value that is off unless use_sliding_window
-    if not window:
+    """Which layers use a sliding window, and its size: ``perf.model_spec.layer_windows``, the one rule
+    shared with the KV calculator and the roofline (HF masks keys with kv_pos <= q_pos - window)."""
+    if "chunked_attention" in (d.get("layer_types") or ()):
+        raise UnsupportedModelError(f"{arch}: chunked attention layers are not supported")
+    try:
+        windows = layer_windows(d, n_layers)
+    except KVCalcError as e:
+        raise UnsupportedModelError(f"{arch}: {e}") from None
+    sizes = [w for w in windows if w is not None]
+    if not sizes:
         return None, ("full_attention",) * n_layers
-    layer_types = d.get("layer_types")
-    if not layer_types:
-        first = int(d.get("max_window_layers", 0)) if arch.startswith("Qwen") else 0
-        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
-    return int(window), tuple(layer_types)
-
-
-def _dtype_name(value: Any) -> str | None:
-    if value is None:
-        return None
-    return str(value).removeprefix("torch.")
+    return max(sizes), tuple("full_attention" if w is None else "sliding_attention" for w in windows)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from minengine.models.config import ModelConfig
 from minengine.models.errors import ModelLoadError, ModelNotFoundError, WeightMismatchError
 from minengine.models.llama import LlamaForCausalLM
+from minengine.perf.model_spec import dtype_names
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "tinystories-4m"
@@ -25,16 +26,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved; we recompute them
 _MAX_LISTED = 5
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
+# The dtypes a model can be loaded in; every spelling of each comes from perf.model_spec's one table.
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {name: dt for short, dt in _TORCH_DTYPES.items() for name in dtype_names(short)}
 
 
 def list_shipped_models() -> list[str]:
@@ -235,3 +229,37 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None):  # -> Pr
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def build_random_model(
+    config: ModelConfig | dict,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    std: float = 0.02,
+) -> LlamaForCausalLM:
+    """A model with random weights, built in place on the device (no files, no download): the one
+    random-model builder of the lessons, the experiment widget and calibration.
+
+    ``config`` is a ``ModelConfig`` or an HF config dict; ``dtype`` defaults to bf16 on CUDA, fp32
+    elsewhere. Matrices are drawn from N(0, ``std``) with a generator seeded by ``seed`` (torch's global
+    RNG is left alone); 1-D parameters (RMSNorm weights) are 1. Timing depends only on the shape, so a
+    random model of a realistic size measures what the tiny shipped model cannot show.
+    """
+    config = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    dev = resolve_device(device)
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(dtype)  # meta tensors: changing dtype costs nothing yet
+    model = model.to_empty(device=dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std, generator=gen)
+            else:
+                p.fill_(1.0)
+    model.tie_weights()
+    model.model.rotary_emb.build_cache(dev)
+    return model.eval().requires_grad_(False)

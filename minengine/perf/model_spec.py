@@ -15,23 +15,57 @@ from urllib.parse import urlparse
 
 from minengine.perf.model_presets import PRESETS
 
-# Bits per stored element. "auto" means "the model's dtype", as in vLLM's --kv-cache-dtype auto.
-DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
-_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                  "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
-KV_CACHE_DTYPES = ("auto", *DTYPE_BITS)
+# THE dtype table: bits per stored element, and the names people (and config.json files) use for each.
+# "auto" means "the model's dtype", as in vLLM's --kv-cache-dtype auto. The engine's byte counts, the
+# loader's accepted names and the roofline all read these two dicts.
+DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp64": 64}
+DTYPE_ALIASES: dict[str, str] = {
+    "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+    "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "float64": "fp64", "double": "fp64",
+}
+_DTYPE_ALIASES = DTYPE_ALIASES  # the old private name
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")  # what a KV cache may be stored in
 
 
 class KVCalcError(ValueError):
     """A bad model, dtype or size: the message is meant to be shown to a person as is."""
 
 
-def normalise_dtype(dtype: str) -> str:
-    key = str(dtype).strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
+def normalise_dtype(dtype: Any) -> str:
+    """The table's short name ("bf16") of any accepted spelling ("bfloat16", "torch.bfloat16", a torch.dtype)."""
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    key = DTYPE_ALIASES.get(key, key)
     if key != "auto" and key not in DTYPE_BITS:
         raise KVCalcError(f"unknown dtype {dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
     return key
+
+
+def dtype_bits(dtype: Any) -> int:
+    """Bits per element of a dtype name (any spelling ``normalise_dtype`` accepts; not "auto")."""
+    key = normalise_dtype(dtype)
+    if key == "auto":
+        raise KVCalcError("dtype 'auto' has no size of its own: it means the model's dtype")
+    return DTYPE_BITS[key]
+
+
+def dtype_names(canonical: str) -> list[str]:
+    """Every accepted spelling of one table dtype: its short name first, then its aliases."""
+    return [canonical, *(alias for alias, name in DTYPE_ALIASES.items() if name == canonical)]
+
+
+def dtype_of_bits(bits: float) -> str:
+    """The first table dtype of that many bits (32 -> fp32, 16 -> bf16, 8 -> fp8, 4 -> int4)."""
+    for name, size in DTYPE_BITS.items():
+        if size == bits:
+            return name
+    raise KVCalcError(f"no dtype has {bits:g} bits per element")
+
+
+def checkpoint_dtype(cfg: dict[str, Any]) -> str | None:
+    """The checkpoint's dtype as config.json spells it (``torch_dtype``, or transformers 5's ``dtype``)."""
+    value = cfg.get("torch_dtype") or cfg.get("dtype")
+    return None if value is None else str(value).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -64,6 +98,13 @@ class KVSpec:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else "GQA"
 
+    def kv_elements_per_token_per_layer(self, num_kv_heads: int | None = None) -> int:
+        """Elements one token caches in one layer: K and V of each KV head (all, or ``num_kv_heads`` of
+        them on one tensor-parallel rank), or for MLA the one latent that all heads share."""
+        if self.is_mla:
+            return self.head_dim
+        return 2 * (self.num_kv_heads if num_kv_heads is None else num_kv_heads) * self.head_dim
+
     @property
     def num_sliding_layers(self) -> int:
         return sum(w is not None for w in self.layer_windows)
@@ -87,7 +128,7 @@ class KVSpec:
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-def _flatten(config: dict[str, Any]) -> dict[str, Any]:
+def flatten_text_config(config: dict[str, Any]) -> dict[str, Any]:
     """Multimodal configs (Gemma 3, Llava, ...) keep the language model under ``text_config``."""
     if "text_config" in config and "num_hidden_layers" not in config:
         outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
@@ -95,10 +136,28 @@ def _flatten(config: dict[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _layer_windows(cfg: dict[str, Any], n_layers: int, disable_sliding_window: bool) -> tuple[int | None, ...]:
-    """Which layers use a sliding window, following each model family's transformers code."""
+_flatten = flatten_text_config
+
+
+def _has_sliding_switch(cfg: dict[str, Any]) -> bool:
+    """Qwen2/Qwen3 configs carry a ``sliding_window`` that is off unless ``use_sliding_window`` is true."""
+    archs = cfg.get("architectures") or []
+    qwen = str(cfg.get("model_type", "")).startswith("qwen") or any(str(a).startswith("Qwen") for a in archs)
+    return qwen or "use_sliding_window" in cfg
+
+
+def layer_windows(cfg: dict[str, Any], n_layers: int, disable_sliding_window: bool = False
+                  ) -> tuple[int | None, ...]:
+    """Which layers use a sliding window and how wide, following each family's transformers code.
+
+    The one rule for the KV calculator, the roofline and ``ModelConfig`` (per layer: None = full
+    attention, else the window in tokens; HF masks keys with kv_pos <= q_pos - window).
+    """
     window = cfg.get("sliding_window")
     if disable_sliding_window:  # vLLM's --disable-sliding-window: cache every token in every layer
+        return (None,) * n_layers
+    switch = _has_sliding_switch(cfg)
+    if switch and not cfg.get("use_sliding_window", False):
         return (None,) * n_layers
     if cfg.get("layer_types"):  # transformers >= 4.53 writes it out per layer
         windows: list[int | None] = []
@@ -119,9 +178,7 @@ def _layer_windows(cfg: dict[str, Any], n_layers: int, disable_sliding_window: b
     if not window:
         return (None,) * n_layers
     window = int(window)
-    if "use_sliding_window" in cfg:  # Qwen2/Qwen3: off unless asked; then only layers >= max_window_layers
-        if not cfg["use_sliding_window"]:
-            return (None,) * n_layers
+    if switch:  # Qwen2/Qwen3 with use_sliding_window: only layers >= max_window_layers slide
         first = int(cfg.get("max_window_layers", 0))
         return tuple(window if i >= first else None for i in range(n_layers))
     model_type = cfg.get("model_type", "")
@@ -133,10 +190,16 @@ def _layer_windows(cfg: dict[str, Any], n_layers: int, disable_sliding_window: b
     return (window,) * n_layers  # Mistral-7B-v0.1, Phi-3: every layer slides
 
 
+def _known_dtype(name: str | None) -> str | None:
+    try:
+        return normalise_dtype(name) if name else None
+    except KVCalcError:
+        return None
+
+
 def model_dtype_of(cfg: dict[str, Any]) -> str:
     """The dtype servers compute in: torch_dtype, with fp32 checkpoints served in 16 bits (vLLM's auto)."""
-    name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
-    dtype = _DTYPE_ALIASES.get(name, name)
+    dtype = _known_dtype(checkpoint_dtype(cfg))
     return dtype if dtype in ("bf16", "fp16") else "bf16"
 
 
@@ -189,18 +252,26 @@ def estimate_num_params(config: dict[str, Any]) -> int | None:
     return n_layers * (attn + mlp + norms) + embeddings + hidden
 
 
+def read_config_json(path: str | Path) -> tuple[dict[str, Any], str]:
+    """A config.json (the file, or the folder holding it) as a dict, and the name its folder gives."""
+    path = Path(path).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise KVCalcError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise KVCalcError(f"cannot read {path}: it holds a JSON {type(config).__name__}, not a config object")
+    return config, (path.parent.name if path.name == "config.json" else path.stem)
+
+
 def from_hf_config(config: dict[str, Any] | str | Path, *, name: str | None = None,
                    num_params: int | None = None, hf_id: str | None = None,
                    disable_sliding_window: bool = False) -> KVSpec:
     """Build a KVSpec from a Hugging Face config.json (a dict or a path to the file or its folder)."""
     if not isinstance(config, dict):
-        path = Path(config)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise KVCalcError(f"cannot read {path}: {exc}") from exc
-        name = name or (path.parent.name if path.name == "config.json" else path.stem)
+        config, folder_name = read_config_json(config)
+        name = name or folder_name
     cfg = _flatten(config)
     try:
         n_layers = int(cfg.get("num_hidden_layers") or cfg.get("num_layers") or cfg["n_layer"])
@@ -221,7 +292,7 @@ def from_hf_config(config: dict[str, Any] | str | Path, *, name: str | None = No
     return KVSpec(
         name=name or hf_id or str(cfg.get("_name_or_path") or cfg.get("model_type") or "custom"),
         num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
-        layer_windows=_layer_windows(cfg, n_layers, disable_sliding_window),
+        layer_windows=layer_windows(cfg, n_layers, disable_sliding_window),
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0), qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
         max_position_embeddings=int(max_pos) if max_pos else None,
         num_params=num_params if num_params is not None else estimate_num_params(config),
@@ -258,11 +329,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return True
 
 
-def from_hub(repo_id: str, *, revision: str | None = None, disable_sliding_window: bool = False) -> KVSpec:
-    """Fetch only config.json from the Hugging Face Hub (never weights); offline gives a clear error.
-
-    The local HF cache is tried first, so a model downloaded before works offline.
-    """
+def hub_config_path(repo_id: str, revision: str | None = None) -> str:
+    """The local path of ``repo_id``'s config.json, fetched from the Hub if not cached (never weights)."""
     try:
         import huggingface_hub
     except ImportError as exc:
@@ -279,28 +347,21 @@ def from_hub(repo_id: str, *, revision: str | None = None, disable_sliding_windo
             raise KVCalcError(f"could not fetch config.json for {repo_id!r} from the Hugging Face Hub ({reason}; "
                               f"offline?). Use a preset ({', '.join(PRESETS)}) or a path to a config.json"
                               ) from exc
-    return from_hf_config(path, name=repo_id, hf_id=repo_id, disable_sliding_window=disable_sliding_window)
+    return path
 
 
-def load_model_spec(model: KVSpec | dict[str, Any] | str | Path, *, disable_sliding_window: bool = False
-                    ) -> KVSpec:
-    """Accept a KVSpec, a config dict, a preset key, a preset's hub id, a config.json path or a hub id."""
-    if isinstance(model, KVSpec):
-        return model
-    if isinstance(model, dict):
-        return from_hf_config(model, disable_sliding_window=disable_sliding_window)
-    text = str(model)
-    key = _preset_key(text)
-    if key is not None:
-        preset = PRESETS[key]
-        return from_hf_config(preset["config"], name=key, num_params=preset["num_params"],
-                              hf_id=preset["hf_id"], disable_sliding_window=disable_sliding_window)
-    path = Path(text).expanduser()
-    if path.exists():
-        return from_hf_config(path, disable_sliding_window=disable_sliding_window)
-    if text.endswith(".json") or text.startswith((".", "/", "~")):
-        raise KVCalcError(f"no such config file: {text}")
-    if text.count("/") == 1 and all(text.split("/")):
-        return from_hub(text, disable_sliding_window=disable_sliding_window)
-    raise KVCalcError(f"unknown model {text!r}: use a preset ({', '.join(PRESETS)}), a config.json path "
-                      "or a Hugging Face hub id like org/name")
+def from_hub(repo_id: str, *, revision: str | None = None, disable_sliding_window: bool = False) -> KVSpec:
+    """Fetch only config.json from the Hugging Face Hub (never weights); offline gives a clear error.
+
+    The local HF cache is tried first, so a model downloaded before works offline.
+    """
+    return from_hf_config(hub_config_path(repo_id, revision), name=repo_id, hf_id=repo_id,
+                          disable_sliding_window=disable_sliding_window)
+
+
+def load_model_spec(model: Any, *, disable_sliding_window: bool = False) -> KVSpec:
+    """Accept a KVSpec, a config dict, a preset key, a preset's hub id, a config.json path or folder, a hub
+    id, or a ``ModelConfig``; anything else raises a ``KVCalcError`` saying what is accepted."""
+    from minengine.perf.model_input import resolve_model  # it builds on this module
+
+    return resolve_model(model, disable_sliding_window=disable_sliding_window)[0]

@@ -27,26 +27,19 @@ Why decode is bandwidth-bound: at batch ``B`` in 16-bit weights, a decode step d
 FLOPs on ``2 x params`` bytes, so its intensity is about ``B`` FLOP/byte, far below the ridge until B
 nears hundreds (and the KV reads, which grow with ``B``, keep attention's intensity near 1 always).
 
-``ModelShape`` describes a model from a ``ModelConfig``, a kvcalc ``KVSpec``, a preset name or an HF
-config dict. No torch here: the simulator uses this module on any machine.
+``ModelShape`` describes a model from anything ``perf.model_input.resolve_model`` accepts (a preset name,
+an HF config dict or config.json path, a kvcalc ``KVSpec``, a ``ModelConfig``) or a loaded model. No torch here: the simulator uses this module on any machine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from minengine.perf.hardware import Accelerator, get_accelerator
-from minengine.perf.model_presets import PRESETS
-from minengine.perf.model_spec import (
-    DTYPE_BITS,
-    KVSpec,
-    estimate_num_params,
-    load_model_spec,
-    normalise_dtype,
-)
+from minengine.perf.model_input import resolve_model
+from minengine.perf.model_spec import KVSpec, dtype_bits, dtype_of_bits, flatten_text_config
 
 # Default efficiencies for datasheet accelerators. Round, documented assumptions, not measurements:
 # gpt-fast decodes Llama-2-7B at 1,397 GB/s on an A100 whose datasheet says 2,039 GB/s (0.69); large
@@ -121,67 +114,37 @@ class ModelShape:
 
     def with_dtype(self, dtype: str, kv_cache_dtype: str | None = None) -> ModelShape:
         """The same model stored in another dtype ("fp32", "bf16", "fp8", "int4", ...)."""
-        w = DTYPE_BITS[normalise_dtype(dtype)] / 8
-        kv = DTYPE_BITS[normalise_dtype(kv_cache_dtype)] / 8 if kv_cache_dtype else w
+        w = dtype_bits(dtype) / 8
+        kv = dtype_bits(kv_cache_dtype) / 8 if kv_cache_dtype else w
         return replace(self, weight_bytes_per_param=w, kv_bytes_per_element=kv)
 
     # ---- construction ----
     @classmethod
     def from_model(cls, model: Any, dtype: str | None = None, kv_cache_dtype: str | None = None
                    ) -> ModelShape:
-        """From a ModelConfig (or a loaded model with ``.config``), KVSpec, preset name, HF dict or path."""
+        """From a ModelShape, a loaded model (its parameters counted), or anything ``resolve_model``
+        accepts: a preset name, an HF config dict, a config.json path or folder, a hub id, a KVSpec or a
+        ModelConfig. Anything else raises a ValueError (``KVCalcError``) that lists what is accepted."""
         if isinstance(model, ModelShape):
             shape = model
-        elif hasattr(model, "config") and hasattr(model, "parameters"):  # a loaded LlamaForCausalLM
-            unique = {id(p): p.numel() for p in model.parameters()}
-            shape = _from_model_config(model.config, num_params=sum(unique.values()))
-        elif hasattr(model, "num_hidden_layers") and hasattr(model, "intermediate_size"):  # ModelConfig
-            shape = _from_model_config(model)
-        elif isinstance(model, KVSpec):
-            shape = _from_kvspec(model, {})
         else:
-            spec = load_model_spec(model)
-            raw: dict[str, Any] = {}
-            if isinstance(model, dict):
-                raw = model
-            elif isinstance(model, (str, Path)) and spec.name in PRESETS:
-                raw = PRESETS[spec.name]["config"]
+            num_params = None
+            if hasattr(model, "config") and hasattr(model, "parameters"):  # a loaded LlamaForCausalLM
+                num_params = sum({id(p): p.numel() for p in model.parameters()}.values())
+                model = model.config
+            spec, raw = resolve_model(model)
+            if num_params is not None:
+                spec = replace(spec, num_params=num_params)
             shape = _from_kvspec(spec, raw)
         if dtype is not None or kv_cache_dtype is not None:
-            shape = shape.with_dtype(dtype or _dtype_name(shape.weight_bytes_per_param), kv_cache_dtype)
+            weight_dtype = dtype or dtype_of_bits(8 * shape.weight_bytes_per_param)
+            shape = shape.with_dtype(weight_dtype, kv_cache_dtype)
         return shape
 
 
-def _dtype_name(bytes_per_element: float) -> str:
-    return {4.0: "fp32", 2.0: "bf16", 1.0: "fp8", 0.5: "int4"}[float(bytes_per_element)]
-
-
-def _from_model_config(c: Any, num_params: int | None = None) -> ModelShape:
-    """A ``minengine.models.ModelConfig`` (duck-typed, so this module never imports torch)."""
-    cfg = {
-        "model_type": c.model_type or "llama", "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-        "tie_word_embeddings": c.tie_word_embeddings, "attention_bias": c.attention_bias,
-    }
-    params = num_params if num_params is not None else estimate_num_params(cfg)
-    dtype = {"float32": "fp32", "float16": "fp16"}.get(str(c.torch_dtype), "bf16")
-    size = DTYPE_BITS[dtype] / 8
-    windows = tuple(c.layer_sliding_window(i) for i in range(c.num_hidden_layers))
-    return ModelShape(
-        name=c.model_type or "model", num_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, num_params=int(params or 0),
-        hidden_size=c.hidden_size, vocab_size=c.vocab_size, tie_word_embeddings=c.tie_word_embeddings,
-        weight_bytes_per_param=size, kv_bytes_per_element=size, layer_windows=windows,
-        max_position_embeddings=c.max_position_embeddings,
-    )
-
-
 def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
-    """A kvcalc KVSpec, plus its raw config (when known) for the hidden size, vocabulary and experts."""
-    cfg = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
+    """A KVSpec, plus its raw config (when known) for the hidden size, vocabulary and experts."""
+    cfg = flatten_text_config(raw)
     if spec.num_params is None:
         raise ValueError(f"{spec.name}: the parameter count is unknown; pass a KVSpec with num_params")
     hidden, vocab = int(cfg.get("hidden_size") or 0), int(cfg.get("vocab_size") or 0)
@@ -191,14 +154,13 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
     if experts and top_k and cfg.get("intermediate_size"):  # Mixtral: each token uses top_k experts
         expert_params = 3 * hidden * int(cfg["intermediate_size"])
         active = spec.num_params - spec.num_layers * (experts - top_k) * expert_params
-    kv_elements = spec.head_dim if spec.is_mla else 2 * spec.num_kv_heads * spec.head_dim
     return ModelShape(
         name=spec.name, num_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
         num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, num_params=spec.num_params,
         hidden_size=hidden, vocab_size=vocab, tie_word_embeddings=tied, active_params=active,
-        weight_bytes_per_param=DTYPE_BITS[spec.weight_dtype] / 8,
-        kv_bytes_per_element=DTYPE_BITS[spec.dtype] / 8, layer_windows=spec.layer_windows,
-        kv_elements_per_token_per_layer=kv_elements,
+        weight_bytes_per_param=dtype_bits(spec.weight_dtype) / 8,
+        kv_bytes_per_element=dtype_bits(spec.dtype) / 8, layer_windows=spec.layer_windows,
+        kv_elements_per_token_per_layer=spec.kv_elements_per_token_per_layer(),
         max_position_embeddings=spec.max_position_embeddings or 0,
     )
 

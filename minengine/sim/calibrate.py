@@ -21,9 +21,8 @@ Run ``python -m minengine.sim.calibrate`` to print it for this machine.
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,30 +148,14 @@ def fit_cost_model(steps: Sequence[StepRecord], base: CostModel, *, per_seq: boo
 
 
 # ------------------------------------------------------------------------------ running the engine
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` intra-op threads (restored after): tiny models on a shared CPU time best with 1."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def random_llama(config: dict[str, Any] | None = None, seed: int = 0, device: str = "cpu") -> Any:
-    """A random-weight ``LlamaForCausalLM`` of the given HF config (default ``MEDIUM_LLAMA``), fp32."""
+    """A random-weight ``LlamaForCausalLM`` of the given HF config (default ``MEDIUM_LLAMA``), fp32
+    (``minengine.models.loader.build_random_model``)."""
     import torch
 
-    from minengine.models.config import ModelConfig
-    from minengine.models.llama import LlamaForCausalLM
+    from minengine.models.loader import build_random_model
 
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(ModelConfig.from_hf(config or MEDIUM_LLAMA))
-    return model.to(device).eval().requires_grad_(False)
+    return build_random_model(config or MEDIUM_LLAMA, device=device, dtype=torch.float32, seed=seed)
 
 
 def run_engine_workload(model: Any = None, *, num_requests: int = 24,
@@ -213,6 +196,7 @@ def calibrate(model: Any = None, *, num_threads: int | None = 1, seed: int = 0, 
     CPU only for now: ``num_threads`` intra-op threads (default 1, the most stable on a shared machine;
     None keeps torch's setting) for both the machine measurement and the engine run.
     """
+    from minengine.engine.threads import torch_threads
     from minengine.perf.measure import measure_this_machine
 
     with torch_threads(num_threads):

@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minengine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from minengine.config import EngineConfig
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.request import Request
 from minengine.core.sampling_params import SamplingParams
 from minengine.core.scheduler import check_request_size
-from minengine.kvcalc import DEFAULT_ACTIVATION_RESERVE_BYTES
+from minengine.kvcalc import kv_cache_budget
 from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, summarize
 from minengine.perf.hardware import Accelerator
 from minengine.perf.roofline import CostModel
@@ -44,27 +44,20 @@ def resolve_config(cost_model: CostModel, config: EngineConfig | None = None, **
 
 
 def kv_cache_blocks(cost_model: CostModel, config: EngineConfig) -> int:
-    """KV blocks of one instance, by the engine's rules: ``num_blocks``, ``kv_cache_memory_bytes``, or
-    (on a datasheet GPU) memory x gpu_memory_utilization - weights - activation reserve, as vLLM and
-    ``minengine kv`` size it. A measured CPU gets the engine's fixed CPU budget."""
-    if config.num_blocks is not None:
-        return config.num_blocks
+    """KV blocks of one instance, by the engine's own rule (``EngineConfig.num_kv_blocks``):
+    ``num_blocks``, ``kv_cache_memory_bytes``, or (on a datasheet GPU) ``kvcalc.kv_cache_budget``:
+    memory x gpu_memory_utilization - weights - activation reserve, as vLLM and ``minengine kv`` size
+    it. A measured CPU gets the engine's fixed CPU budget."""
     shape, acc = cost_model.model, cost_model.accelerator
-    per_block = config.block_size * shape.kv_bytes_per_token
-    if config.kv_cache_memory_bytes is not None:
-        budget = float(config.kv_cache_memory_bytes)
-    elif acc.key.startswith("this-machine-cpu"):
-        blocks_per_seq = -(-config.max_model_len // config.block_size)  # type: ignore[operator]
-        budget = min(DEFAULT_CPU_KV_CACHE_BYTES, config.max_num_seqs * blocks_per_seq * per_block)
-    else:
-        budget = acc.memory_bytes * config.gpu_memory_utilization - shape.weight_bytes
-        budget -= DEFAULT_ACTIVATION_RESERVE_BYTES
-    if budget < per_block:
-        raise ValueError(
-            f"{shape.name} ({shape.weight_bytes / 2**30:.1f} GiB of weights) leaves no room for a KV cache "
-            f"on {acc.name} ({acc.memory_bytes / 2**30:.0f} GiB); pick a bigger GPU or set num_blocks"
-        )
-    return int(budget // per_block)
+    gpu_budget = None
+    if not acc.key.startswith("this-machine-cpu"):
+        gpu_budget = kv_cache_budget(acc.memory_bytes, config.gpu_memory_utilization, shape.weight_bytes)
+    return config.num_kv_blocks(
+        shape.kv_bytes_per_token, gpu_budget,
+        context=f"{shape.name} ({shape.weight_bytes / 2**30:.1f} GiB of weights) on {acc.name} "
+                f"({acc.memory_bytes / 2**30:.0f} GiB): ",
+        hint="pick a bigger GPU, set kv_cache_memory_bytes or set num_blocks",
+    )
 
 
 _PARAMS: dict[int, SamplingParams] = {}
