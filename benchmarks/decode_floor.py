@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 import minengine
+from minengine import kvcalc
 from minengine.perf.measure import measure_read_bandwidth
 
 try:
@@ -49,12 +50,6 @@ def _gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x bytes (REFERENCE.md, GQA aware)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype.itemsize
-
-
 def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
     from transformers import StoppingCriteriaList
 
@@ -63,7 +58,7 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
                         num_blocks=(args.prompt_len + args.new_tokens) // 16 + 8)
     hf = common.load_hf(path, dtype)
     weights = common.weight_bytes(llm.llm_engine.model)
-    kv_tok = kv_bytes_per_token(hf.config, getattr(torch, dtype))
+    kv_tok = kvcalc.kv_bytes_per_token(hf.config, kv_cache_dtype=dtype)  # GQA aware (REFERENCE.md)
     mean_ctx = args.prompt_len + args.new_tokens / 2
     bytes_per_step = weights + kv_tok * (mean_ctx + 1)  # weights + read the context + write one token
     bw_bytes = max(2**28, weights)
