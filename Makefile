@@ -21,11 +21,13 @@ STUDENT ?=
 ASSIGNMENT ?=
 # make validate NB=workspace/labs/lab1_kv_calculator/lab1_kv_calculator.ipynb (empty: every lab and quiz)
 NB ?=
+# The class's course seed for make release (its numbers and answer order); empty = the last release's
+COURSE_SEED ?=
 GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assignment $(ASSIGNMENT))
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test test-browser browser setup lint clean-venv help release autograde feedback export validate
+.PHONY: course test test-browser browser setup lint clean-venv help release autograde feedback export validate grade
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
@@ -33,6 +35,7 @@ help:
 	@echo "make test-browser   only the end-to-end tests: JupyterLab in headless Chromium (screenshots in build/browser-artifacts/)"
 	@echo "make lint     ruff over the code"
 	@echo "make validate NB=path/to/lab.ipynb   check a lab or quiz (exits non-zero on failure)"
+	@echo "make grade NB=path/to/lab.ipynb      self-paced: grade it with the hidden tests and open the feedback"
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
 
 setup: $(STAMP)
@@ -64,7 +67,7 @@ browser:
 
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
 release: $(STAMP)
-	$(PY) -m minengine.course release --course-dir $(COURSE_DIR)
+	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed $(COURSE_SEED))
 
 autograde: $(STAMP)
 	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER)
@@ -77,6 +80,9 @@ export: $(STAMP)
 
 validate: $(STAMP)
 	$(PY) -m minengine.course validate $(NB)
+
+grade: $(STAMP)
+	$(PY) -m minengine.course grade $(NB)
 
 lint: $(STAMP)
 	$(PY) -m ruff check minengine tests scripts

@@ -8,9 +8,11 @@ check each invariant on the gradebook and the autograded notebooks.
 from __future__ import annotations
 
 import csv
+import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -23,6 +25,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "grading"
 SOURCES = {"lab1_kv_calculator": ROOT / "labs" / "lab1_kv_calculator",
            "quiz1_two_phases": ROOT / "quizzes" / "quiz1_two_phases"}
 TIMEOUT = 15  # seconds per cell: short, so the planted infinite loops cost little (torch imports in ~3 s)
+SEED = 2026  # the course seed of the module's course directory (another seed is tested on its own)
 PLANTED = [(a, p.stem) for a in SOURCES for p in sorted((FIXTURES / a).glob("*.txt"))]
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
 
@@ -37,12 +40,35 @@ def grade_id(cell: nbformat.NotebookNode) -> str | None:
     return cell.metadata.get("nbgrader", {}).get("grade_id")
 
 
-def parse_fixture(path: Path) -> tuple[set[str], dict[str, str | None]]:
+def rendered_keys(assignment: str, seed: int = SEED) -> dict[str, Any]:
+    """The course's values for an assignment: choice keys and params.py's numbers."""
+    from minengine.course.templating import load_params, render_notebook
+
+    src = SOURCES[assignment]
+    params = load_params(src, seed)
+    nb = json.loads(notebook_of(src).read_text())
+    return {**render_notebook(nb, seed, params, f"{src.name}/{notebook_of(src).name}").keys, **params}
+
+
+def fill_fixture(text: str, values: dict[str, Any]) -> str:
+    """A fixture's ``@@q1@@`` is this course's key for q1, ``@@wrong_q1@@`` a wrong answer to it."""
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name.startswith("wrong_"):
+            key = str(values[name.removeprefix("wrong_")])
+            return next(c for c in "ABCD" if c not in key) if len(key) == 1 else key[0]
+        value = values[name]
+        return value if isinstance(value, str) else repr(value)
+
+    return re.sub(r"@@(\w+)@@", one, text)
+
+
+def parse_fixture(path: Path, values: dict[str, Any] | None = None) -> tuple[set[str], dict[str, str | None]]:
     """(cells expected to score 0, edits: grade_id -> new source, or None to delete the cell)."""
     lost: set[str] | None = None
     edits: dict[str, str | None] = {}
     current: str | None = None
-    for line in path.read_text().splitlines():
+    for line in fill_fixture(path.read_text(), values or {}).splitlines():
         if line.startswith("# lost:"):
             lost = set(line.removeprefix("# lost:").split())
         elif line.startswith("# %% delete "):
@@ -90,17 +116,18 @@ def graded_cells(nb_path: Path) -> dict[str, float]:
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("grading")
     course_dir = tmp / "course"
-    released = grading.release(course_dir, SOURCES, timeout=TIMEOUT)
+    released = grading.release(course_dir, SOURCES, timeout=TIMEOUT, seed=SEED)
     expected_lost: dict[tuple[str, str], set[str]] = {}
-    for assignment, src in SOURCES.items():
-        source_nb, release_nb = notebook_of(src), notebook_of(released[assignment])
+    for assignment in SOURCES:
+        # The source as rendered for this course's seed (its keys and numbers), markers and all.
+        source_nb, release_nb = notebook_of(course_dir / "source" / assignment), notebook_of(released[assignment])
         points = graded_cells(source_nb)
-        grading.submit("solution", [source_nb], course_dir)  # the source itself, markers and all
+        grading.submit("solution", [source_nb], course_dir)
         expected_lost[assignment, "solution"] = set()
         grading.submit("blank", [release_nb], course_dir)
         expected_lost[assignment, "blank"] = set(points)
         for fixture in sorted((FIXTURES / assignment).glob("*.txt")):
-            lost, edits = parse_fixture(fixture)
+            lost, edits = parse_fixture(fixture, rendered_keys(assignment))
             assert lost <= set(points), f"{fixture}: unknown cells in '# lost:'"
             path = tmp / "students" / fixture.stem / release_nb.name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +155,7 @@ def cell(nb: nbformat.NotebookNode, gid: str) -> nbformat.NotebookNode:
 def test_generate_succeeds_and_sizes(graded: dict, assignment: str) -> None:
     release_dir = graded["released"][assignment]
     for f in (p for p in SOURCES[assignment].iterdir() if p.is_file()):  # data files travel along
-        assert (release_dir / f.name).is_file()
+        assert (release_dir / f.name).is_file() == (f.name != "params.py"), f.name  # the key maker stays home
     points = graded_cells(notebook_of(SOURCES[assignment]))
     if assignment.startswith("lab"):
         assert sum(points.values()) >= 10 and len(points) >= 4
@@ -240,8 +267,8 @@ def test_feedback_and_grades_csv(graded: dict) -> None:
 
 # -------------------------------------------------------------------------------------------- validate
 @pytest.mark.parametrize("assignment", SOURCES)
-def test_validator_passes_the_solution(assignment: str) -> None:
-    result = course.validate(notebook_of(SOURCES[assignment]), timeout=TIMEOUT)
+def test_validator_passes_the_solution(graded: dict, assignment: str) -> None:
+    result = course.validate(notebook_of(graded["course_dir"] / "source" / assignment), timeout=TIMEOUT)
     assert result.passed, result.problems
 
 
@@ -256,11 +283,13 @@ def test_validate_command_fails_on_the_blank_release(graded: dict, assignment: s
 
 def test_validator_ignores_stderr_noise_from_a_correct_answer(graded: dict, tmp_path: Path) -> None:
     """Validate has no IgnorePattern: the test cells' own silencing must keep torch's warnings out."""
-    src, rel = SOURCES["lab1_kv_calculator"], graded["released"]["lab1_kv_calculator"]
-    _, edits = parse_fixture(FIXTURES / "lab1_kv_calculator" / "noisy_but_correct.txt")
+    rel = graded["released"]["lab1_kv_calculator"]
+    _, edits = parse_fixture(FIXTURES / "lab1_kv_calculator" / "noisy_but_correct.txt",
+                             rendered_keys("lab1_kv_calculator"))
     (tmp_path / "models.json").write_bytes((rel / "models.json").read_bytes())
     path = tmp_path / "lab1_kv_calculator.ipynb"
-    nbformat.write(planted_student(notebook_of(rel), notebook_of(src), edits), path)
+    source = graded["course_dir"] / "source" / "lab1_kv_calculator"
+    nbformat.write(planted_student(notebook_of(rel), notebook_of(source), edits), path)
     result = course.validate(path, timeout=TIMEOUT)
     assert result.passed, result.problems
 
@@ -279,22 +308,60 @@ def test_submit_finds_the_assignment_and_refuses_strays(graded: dict, tmp_path: 
         grading.submit("../x", [renamed], course_dir)
 
 
-def test_quiz_digests_normalise_answers_and_hide_them() -> None:
+def test_quiz_form_checks_accept_any_well_formed_answer_and_hidden_grades_compare() -> None:
     from minengine.course import autocheck
 
-    d = autocheck.choice_digest("quiz9.q1", "AC")
-    for fine in ("AC", "ca", " a, c ", "(C)(A)"):
-        autocheck.check_choice("quiz9.q1", fine, d)
-    for wrong, message in ((None, "no answer yet"), ("A", "not the answer"), ("E", "letter"), (3, "letter")):
+    for fine in ("A", "b", " c ", "(D)"):
+        autocheck.check_choice_form("q1", fine)
+    for bad, message in ((None, "no answer yet"), ("E", "letter"), (3, "letter"), ("AB", "one answer")):
         with pytest.raises(AssertionError, match=message):
-            autocheck.check_choice("quiz9.q1", wrong, d)
-    assert "AC" not in d and autocheck.choice_digest("quiz9.q2", "AC") != d  # salted per question
-    n = autocheck.number_digest("quiz9.q3", 295.2, step=10)
-    for fine in (290, 295.2, 300, 305):
-        autocheck.check_number("quiz9.q3", fine, n, step=10)
-    for wrong in (250, 330, True, "295"):
+            autocheck.check_choice_form("q1", bad)
+    autocheck.check_choice_form("q8", "ca", multi=True)
+    for fine in ("AC", "ca", " a, c ", "(C)(A)"):
+        autocheck.grade_choice("q8", fine, "AC")
+    with pytest.raises(AssertionError, match="the answer is AC.*because"):
+        autocheck.grade_choice("q8", "A", "AC", why="because")
+    autocheck.check_number_form("q5", 295.2)
+    for bad in (None, True, "295", float("nan"), -1):
         with pytest.raises(AssertionError):
-            autocheck.check_number("quiz9.q3", wrong, n, step=10)
+            autocheck.check_number_form("q5", bad)
+    for fine in (290, 295.2, 305):
+        autocheck.grade_number("q5", fine, 295.2, tolerance=10)
+    for wrong in (280, 310):
+        with pytest.raises(AssertionError, match="the answer is 295.2"):
+            autocheck.grade_number("q5", wrong, 295.2, tolerance=10)
+
+
+def test_reference_calls_are_found_however_they_are_reached() -> None:
+    import functools
+
+    from minengine import kvcalc
+    from minengine.course.autocheck import reference_calls, require_own_code
+
+    def own(config: dict, nbytes: float = 2) -> float:
+        return 2 * config["num_hidden_layers"] * config["hidden_size"] * nbytes
+
+    def imports_inside(config: dict, nbytes: float = 2) -> float:
+        from minengine import kvcalc as k
+
+        return k.kv_bytes_per_token(config)
+
+    def helper(config: dict) -> float:
+        return kvcalc.kv_bytes_per_token(config)
+
+    def via_helper(config: dict, nbytes: float = 2) -> float:
+        return helper(config)
+
+    def sneaky(config: dict, nbytes: float = 2) -> float:
+        return __import__("minengine").kvcalc.kv_bytes_per_token(config)
+
+    assert reference_calls(own) == []
+    require_own_code(own, part="part 1")
+    for fn in (imports_inside, via_helper, sneaky, kvcalc.kv_bytes_per_token,
+               functools.partial(kvcalc.kv_bytes_per_token, kv_cache_dtype="bf16"), lambda c: kvcalc.estimate(c)):
+        assert reference_calls(fn), fn
+        with pytest.raises(AssertionError, match="write it yourself"):
+            require_own_code(fn, part="part 1")
 
 
 def test_quiet_swallows_python_and_c_level_stderr(capfd: pytest.CaptureFixture) -> None:

@@ -7,30 +7,24 @@ Why the checks live here and not in the notebooks:
 * nbgrader scores a test cell 0 when it writes anything to stderr, so every check runs under
   :func:`quiet`, which swallows warnings and stderr (a torch ``UserWarning`` raised inside a learner's
   correct function must not cost marks);
-* quiz answers are compared as salted SHA-256 digests, so a student version (the release) holds no
-  answer a learner could read off.
+* nothing here knows an answer: visible checks test an answer's form, hidden tests pass the key in
+  (rendered per course by ``minengine.course.templating``), and ``require_own_code`` fails an answer
+  that calls the package's reference instead of computing.
 
-Instructors writing a question get its digest with
-``python -m minengine.course.autocheck choice quiz1.q1 B`` or ``... number quiz1.q5 295 --step 10``.
 This module must stay light (no torch): every test cell imports it.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import hashlib
 import io
 import math
 import os
 import re
-import sys
 import warnings
 from collections.abc import Iterator
 from numbers import Real
 from typing import Any
-
-SALT = "minengine-course/v1"
 
 
 # ------------------------------------------------------------------------------------------- quietness
@@ -79,50 +73,117 @@ def expect_close(got: Any, want: float, what: str, hint: str = "", rel: float = 
 
 
 # ------------------------------------------------------------------------------------------ quiz answers
+# Visible checks look only at an answer's *form*; whether it is right is decided by the hidden tests,
+# which carry the key (rendered per course from the instructor's source, never shipped to students).
 def _normalise_choice(answer: Any) -> str:
     """'b', ' B ', '(b)' -> 'B'; 'c, a' -> 'AC' (multi-select answers are sets of letters)."""
     return "".join(sorted(set(re.sub(r"[^A-Za-z]", "", str(answer)).upper())))
 
 
-def choice_digest(question: str, answer: str) -> str:
-    return hashlib.sha256(f"{SALT}|{question}|{_normalise_choice(answer)}".encode()).hexdigest()[:20]
+def _unanswered(name: str, kind: str) -> AssertionError:
+    return AssertionError(f"{name} has no answer yet: set `{name} = {kind}` in the cell above and run it")
 
 
-def number_digest(question: str, value: float, step: float) -> str:
-    """Digest of the value rounded to a multiple of ``step`` (the grid makes a tolerance possible)."""
-    return hashlib.sha256(f"{SALT}|{question}|{round(value / step)}".encode()).hexdigest()[:20]
-
-
-def _unanswered(short: str, kind: str) -> AssertionError:
-    return AssertionError(f"{short} has no answer yet: set `{short} = {kind}` in the cell above and run it")
-
-
-def check_choice(question: str, answer: Any, digest: str, options: str = "ABCD") -> None:
-    """Grade a multiple-choice answer given as letters ('B', or 'AC' for pick-all-that-apply)."""
-    short = question.split(".")[-1]
+def check_choice_form(name: str, answer: Any, options: str = "ABCD", multi: bool = False) -> None:
+    """A well-formed letter answer ('B', or 'AC' where several may apply). Says nothing of correctness."""
     if answer is None or answer is Ellipsis:
-        raise _unanswered(short, f"'{options[0]}'")
+        raise _unanswered(name, f"'{options[0]}'")
     letters = _normalise_choice(answer)
     if not isinstance(answer, str) or not letters or set(letters) - set(options):
-        raise AssertionError(f"{short}: answer with letter(s) among {', '.join(options)} as a string, "
+        raise AssertionError(f"{name}: answer with letter(s) among {', '.join(options)} as a string, "
                              f"e.g. '{options[0]}'; got {answer!r}")
-    if choice_digest(question, letters) != digest:
-        raise AssertionError(f"{short}: {answer!r} is not the answer; reread the question and try again")
+    if len(letters) > 1 and not multi:
+        raise AssertionError(f"{name}: this question has one answer; give a single letter, got {answer!r}")
 
 
-def check_number(question: str, answer: Any, digest: str, step: float, tolerance_steps: int = 1) -> None:
-    """Grade a numeric answer: accepted within about ``step`` (``tolerance_steps`` grid steps) of the key."""
-    short = question.split(".")[-1]
+def check_number_form(name: str, answer: Any, unit: str = "", positive: bool = True) -> None:
+    """A finite number (``positive``: > 0). Says nothing of correctness."""
     if answer is None or answer is Ellipsis:
-        raise _unanswered(short, "a number")
+        raise _unanswered(name, "a number")
     if not _is_number(answer):
-        raise AssertionError(f"{short}: answer with a number (int or float), got {answer!r}")
-    k = round(float(answer) / step)
-    for d in range(-tolerance_steps, tolerance_steps + 1):
-        if hashlib.sha256(f"{SALT}|{question}|{k + d}".encode()).hexdigest()[:20] == digest:
-            return
-    raise AssertionError(f"{short}: {answer!r} is not within tolerance of the answer; check the units "
-                         "asked for and your arithmetic")
+        raise AssertionError(f"{name}: answer with a number (int or float){f' in {unit}' if unit else ''}, "
+                             f"got {answer!r}")
+    if positive and float(answer) <= 0:
+        raise AssertionError(f"{name}: expected a positive number{f' in {unit}' if unit else ''}, got {answer!r}")
+
+
+def grade_choice(name: str, answer: Any, key: str, why: str = "") -> None:
+    """Hidden test: the answer's letters equal the key's (order and case do not matter)."""
+    check_choice_form(name, answer, multi=len(key) > 1)
+    if _normalise_choice(answer) != _normalise_choice(key):
+        raise AssertionError(f"{name}: the answer is {key}, you gave {answer!r}. {why}".rstrip())
+
+
+def grade_number(name: str, answer: Any, key: float, tolerance: float, why: str = "") -> None:
+    """Hidden test: within ``tolerance`` (absolute) of the key."""
+    check_number_form(name, answer, positive=False)
+    if abs(float(answer) - float(key)) > tolerance:
+        raise AssertionError(f"{name}: the answer is {key:g} (within {tolerance:g}), you gave {answer!r}. "
+                             f"{why}".rstrip())
+
+
+# ------------------------------------------------------------------------------ your own code, please
+# Names that reach for minengine's implementation (or import machinery that could) inside an answer.
+_REFERENCE_NAMES = {"minengine", "kvcalc", "autocheck", "__import__", "importlib", "import_module"}
+
+
+def _code_objects(code: Any) -> Iterator[Any]:
+    yield code
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _code_objects(const)
+
+
+def reference_calls(fn: Any) -> list[str]:
+    """What ``fn`` (and the notebook functions it calls) takes from the ``minengine`` package: its
+    reference implementations and grading helpers are not an answer. Empty when it is the learner's own."""
+    import functools
+    import inspect
+
+    found: list[str] = []
+    stack, seen = [fn], set()
+    while stack:
+        f = stack.pop()
+        if isinstance(f, functools.partial):
+            stack.append(f.func)
+            continue
+        module = getattr(f, "__module__", None) or ""
+        if module.split(".")[0] == "minengine":
+            found.append(f"{getattr(f, '__qualname__', f)!s} from {module}")
+            continue
+        code = getattr(f, "__code__", None)
+        if code is None or id(code) in seen:
+            continue
+        seen.add(id(code))
+        namespace = dict(getattr(f, "__globals__", {}))
+        for name, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or (), strict=False):
+            with contextlib.suppress(ValueError):  # an empty cell
+                namespace[name] = cell.cell_contents
+        for co in _code_objects(code):
+            for name in (*co.co_names, *co.co_freevars):
+                if name in _REFERENCE_NAMES:
+                    found.append(f"{name!r} in {f.__name__}")
+                    continue
+                obj = namespace.get(name)
+                if inspect.ismodule(obj) and obj.__name__.split(".")[0] == "minengine":
+                    found.append(f"module {obj.__name__} in {f.__name__}")
+                elif callable(obj) and (getattr(obj, "__module__", None) or "").split(".")[0] == "minengine":
+                    found.append(f"{name} (from {obj.__module__}) in {f.__name__}")
+                elif inspect.isfunction(obj) and obj.__module__ == getattr(f, "__module__", None):
+                    stack.append(obj)  # a helper the learner wrote: look inside it too
+            found += [f"the string {c!r} in {f.__name__}" for c in co.co_consts
+                      if isinstance(c, str) and "minengine" in c]
+    return sorted(set(found))
+
+
+def require_own_code(*functions: Any, part: str = "this part") -> None:
+    """Fail (so the cell scores 0) when an answer calls minengine's reference instead of computing."""
+    for fn in functions:
+        found = reference_calls(fn)
+        if found:
+            raise AssertionError(f"{part}: {getattr(fn, '__name__', fn)} uses minengine's own code "
+                                 f"({'; '.join(found[:3])}). The point is to write it yourself: "
+                                 "remove the import and compute the answer.")
 
 
 # ----------------------------------------------------------------------------------- lab 1 references
@@ -268,27 +329,3 @@ def lab1_check_plot(plot_kv_vs_context: Any) -> None:
                        for n in contexts] for name, cfg in picked.items()}
     with quiet():
         check_kv_plot(plot_kv_vs_context(picked, contexts), expected)
-
-
-# ---------------------------------------------------------------------------------------------- the CLI
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minengine.course.autocheck",
-                                     description="Print the digest a quiz test cell compares against.")
-    sub = parser.add_subparsers(dest="kind", required=True)
-    p_choice = sub.add_parser("choice", help="a multiple-choice key, e.g. quiz1.q1 B")
-    p_choice.add_argument("question")
-    p_choice.add_argument("answer")
-    p_num = sub.add_parser("number", help="a numeric key, e.g. quiz1.q5 295 --step 10")
-    p_num.add_argument("question")
-    p_num.add_argument("value", type=float)
-    p_num.add_argument("--step", type=float, required=True)
-    args = parser.parse_args(argv)
-    if args.kind == "choice":
-        print(choice_digest(args.question, args.answer))
-    else:
-        print(number_digest(args.question, args.value, args.step))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

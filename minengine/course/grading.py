@@ -1,7 +1,8 @@
 """An nbgrader course directory built from ``labs/`` and ``quizzes/``, and the steps an instructor runs on it.
 
 ``labs/<id>/`` and ``quizzes/<id>/`` hold the nbgrader *sources* (solutions and hidden tests included).
-:func:`release` copies them into ``build/course/source/<id>/``, writes ``nbgrader_config.py``, registers
+:func:`release` renders them for the course seed into ``build/course/source/<id>/`` (this class's
+numbers and answer order, ``minengine.course.templating``), writes ``nbgrader_config.py``, registers
 each assignment in the gradebook and generates the student versions in ``release/<id>/``. Then
 :func:`submit` (or nbgrader's exchange) fills ``submitted/<student>/<id>/``, and :func:`autograde`,
 :func:`feedback` and :func:`export_grades` do the rest. nbgrader is called through its Python classes
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import sys
@@ -23,17 +25,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from minengine.course.templating import DEFAULT_COURSE_SEED, render_folder
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COURSE_DIR = REPO_ROOT / "build" / "course"
 SOURCE_ROOTS = (REPO_ROOT / "labs", REPO_ROOT / "quizzes")
 COURSE_ID = "minengine"
+SEED_FILE = "course.json"  # {"seed": N}: what the release was rendered with (instructor-only)
 DEFAULT_TIMEOUT = 60  # seconds per cell; nbgrader interrupts a cell past it and grades the rest
 CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("replace this line with your answer")'
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 # Markers generate_assignment must remove; a release that still holds one would leak answers.
-LEAK_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+LEAK_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS",
+                "@@")
 F = TypeVar("F", bound=Callable[..., Any])
-_COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
 
 CONFIG_TEMPLATE = '''\
 """nbgrader settings for the minengine course, written by `python -m minengine.course release`.
@@ -118,6 +123,23 @@ def discover_sources(roots: tuple[Path, ...] = SOURCE_ROOTS) -> dict[str, Path]:
     return found
 
 
+def course_seed(course_dir: Path = COURSE_DIR, seed: int | None = None) -> int:
+    """The seed this course's assignments are rendered with: ``seed`` if given, else the one the last
+    release used (``course.json``), else ``MINENGINE_COURSE_SEED``, else the public default."""
+    if seed is not None:
+        return int(seed)
+    saved = course_dir / SEED_FILE
+    if saved.is_file():
+        return int(json.loads(saved.read_text())["seed"])
+    env = os.environ.get("MINENGINE_COURSE_SEED", "").strip()
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise GradingError(f"MINENGINE_COURSE_SEED must be a whole number, got {env!r}") from None
+    return DEFAULT_COURSE_SEED
+
+
 def write_config(course_dir: Path = COURSE_DIR, timeout: int = DEFAULT_TIMEOUT) -> Path:
     course_dir = course_dir.resolve()
     course_dir.mkdir(parents=True, exist_ok=True)
@@ -164,13 +186,16 @@ def _gradebook(config: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ release
 @_in_grading_environment
 def release(course_dir: Path = COURSE_DIR, sources: dict[str, Path] | None = None,
-            timeout: int = DEFAULT_TIMEOUT) -> dict[str, Path]:
-    """Copy the sources in, register them, generate the student versions; returns id -> release folder."""
+            timeout: int = DEFAULT_TIMEOUT, seed: int | None = None) -> dict[str, Path]:
+    """Render the sources for the course seed, register them, generate the student versions; returns
+    id -> release folder. The seed is kept in ``course.json`` so later releases and regrades agree."""
     from nbgrader.converters import GenerateAssignment
 
     course_dir = course_dir.resolve()
     sources = discover_sources() if sources is None else sources
+    seed = course_seed(course_dir, seed)
     write_config(course_dir, timeout)
+    (course_dir / SEED_FILE).write_text(json.dumps({"seed": seed}) + "\n")
     config = load_config(course_dir)
     coursedir = _coursedir(config)
     released = {}
@@ -181,7 +206,7 @@ def release(course_dir: Path = COURSE_DIR, sources: dict[str, Path] | None = Non
         dst = course_dir / "source" / assignment
         if dst.exists():
             shutil.rmtree(dst)
-        shutil.copytree(src, dst, ignore=_COPY_IGNORE)
+        render_folder(src, dst, seed)
         coursedir.assignment_id = assignment
         app = GenerateAssignment(coursedir=coursedir, config=config)
         app.force = True

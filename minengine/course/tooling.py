@@ -136,10 +136,11 @@ def _print_scores(scores: list) -> None:
 def cmd_release(args: argparse.Namespace) -> int:
     from minengine.course import grading
 
-    released = grading.release(args.course_dir, timeout=args.timeout)
+    released = grading.release(args.course_dir, timeout=args.timeout, seed=args.seed)
     for assignment, folder in released.items():
         print(f"released {assignment}: {folder}")
-    print(f"course directory: {args.course_dir} (nbgrader_config.py, gradebook.db, source/, release/)")
+    print(f"course directory: {args.course_dir} (nbgrader_config.py, gradebook.db, source/, release/); "
+          f"course seed {grading.course_seed(args.course_dir)} (keep source/ private: it holds the keys)")
     return 0
 
 
@@ -254,6 +255,40 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+SELF_STUDENT = "self"  # the learner's own id in a self-paced course directory
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    """Self-paced: grade your own notebooks against the course sources, with the hidden tests, and write
+    feedback that explains every question. Classroom grades are unaffected (they use the class's seed)."""
+    from minengine.course import grading
+
+    paths = args.notebooks or workspace_notebooks(args.workspace)
+    if not paths:
+        print(f"nothing to grade: pass a notebook, or run `make course` to fill {args.workspace}")
+        return 2
+    grading.ensure_release(args.course_dir)
+    pages = []
+    for path in paths:
+        (placed,) = grading.submit(SELF_STUDENT, [path], args.course_dir)
+        assignment = placed.parent.name
+        print(f"grading {path} as {assignment} (hidden tests included; each cell runs in a fresh kernel) ...",
+              flush=True)
+        (score,) = grading.autograde(args.course_dir, SELF_STUDENT, assignment)
+        cells = grading.cell_scores(assignment, SELF_STUDENT, args.course_dir)
+        print(f"  score {score.score:g} / {score.max_score:g}")
+        for cell, points in cells.items():
+            print(f"    {cell:28s} {points:g}")
+        pages += grading.feedback(args.course_dir, SELF_STUDENT, assignment)
+    for page in pages:
+        print(f"feedback (why each answer is right): {page}")
+    if pages and args.open:
+        import webbrowser
+
+        webbrowser.open(pages[0].as_uri())
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- the CLI
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minengine.course", description=__doc__,
@@ -269,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_rel = course_cmd("release", "build the course directory and generate the student versions")
     p_rel.add_argument("--timeout", type=int, default=60, help="seconds per cell when grading (default 60)")
+    p_rel.add_argument("--seed", type=int, default=None,
+                       help="course seed: this class's numbers and answer order (default: the last release's, "
+                            "else $MINENGINE_COURSE_SEED, else the public default)")
     p_sub = course_cmd("submit", "put a student's notebooks under submitted/<student>/<assignment>/")
     p_sub.add_argument("--student", required=True)
     p_sub.add_argument("--assignment", help="needed only when a notebook's name does not say it")
@@ -284,10 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_val.add_argument("notebooks", nargs="*", type=Path, help="default: every lab and quiz in the workspace")
     p_val.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
     p_val.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
+    p_grade = course_cmd("grade", "self-paced: grade your own notebooks with the hidden tests, with feedback")
+    p_grade.add_argument("notebooks", nargs="*", type=Path, help="default: every lab and quiz in the workspace")
+    p_grade.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
+    p_grade.add_argument("--no-open", dest="open", action="store_false", help="do not open the feedback page")
     return parser
 
 
-COMMANDS = {"release": cmd_release, "submit": cmd_submit, "autograde": cmd_autograde,
+COMMANDS = {"grade": cmd_grade, "release": cmd_release, "submit": cmd_submit, "autograde": cmd_autograde,
             "feedback": cmd_feedback, "export": cmd_export, "validate": cmd_validate}
 
 

@@ -1,0 +1,170 @@
+"""Per-course assignments: each class gets its own numbers and its own answer order, from a course seed.
+
+Why: the sources of every lab and quiz are public (this repository), so answers written into them are no
+secret. At release time each source notebook is *rendered* for one course seed, and only the rendered
+copy (instructor-only, in ``build/course/source/``) holds the keys; the student version nbgrader makes
+from it holds none. The default seed serves self-paced learners, who grade themselves locally anyway.
+
+What a source notebook may contain:
+
+* ``@@name@@`` anywhere: replaced by ``params[name]``, where ``params`` comes from the assignment's
+  ``params.py`` (``def params(seed: int) -> dict``). A str is inserted as it is, anything else as its
+  ``repr`` (so a number or a dict drops straight into code).
+* a choice list in a markdown cell: a line ``<!-- choices q3 -->`` followed by bullets ``* [x] text``
+  (a right option) or ``* [ ] text`` (a distractor). It is rendered as ``* **A.** text`` ... in a seeded
+  order, and ``@@q3@@`` elsewhere (the solution cell, the hidden test) becomes the key letters. Across a
+  notebook, single-answer questions get their right option at each position equally often.
+
+Anything left unreplaced is an error: a release never goes out with a placeholder in it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_COURSE_SEED = 2026
+PLACEHOLDER = re.compile(r"@@([A-Za-z_][A-Za-z0-9_]*)@@")
+CHOICES_MARK = re.compile(r"^<!-- choices (\w+) -->[ \t]*$", re.M)
+OPTION = re.compile(r"^\* \[([ xX])\] (.*(?:\n(?!\* \[|\n).*)*)", re.M)  # an item and its wrapped lines
+LETTERS = "ABCDEFGH"
+PARAMS_FILE = "params.py"
+
+
+class TemplateError(ValueError):
+    """A source notebook that cannot be rendered; the message names the cell and the placeholder."""
+
+
+@dataclass
+class ChoiceList:
+    qid: str
+    options: list[tuple[bool, str]]  # (is right, text) in source order
+    cell: int
+    span: tuple[int, int]  # where the marker + bullets sit in the cell's source
+
+    @property
+    def multi(self) -> bool:
+        return sum(right for right, _ in self.options) != 1
+
+
+@dataclass
+class Rendered:
+    """A rendered notebook and what was decided for it (keys per question, for tests and instructors)."""
+
+    notebook: dict[str, Any]
+    keys: dict[str, str] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def load_params(folder: Path, seed: int) -> dict[str, Any]:
+    """``params(seed)`` from the assignment's params.py, or {} when it has none."""
+    path = folder / PARAMS_FILE
+    if not path.is_file():
+        return {}
+    spec = importlib.util.spec_from_file_location(f"_minengine_params_{folder.name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    values = module.params(int(seed))
+    if not isinstance(values, dict):
+        raise TemplateError(f"{path}: params(seed) must return a dict, got {type(values).__name__}")
+    return values
+
+
+def _find_choice_lists(cells: list[dict[str, Any]]) -> list[ChoiceList]:
+    found = []
+    for i, cell in enumerate(cells):
+        if cell.get("cell_type") != "markdown":
+            continue
+        text = "".join(cell["source"])
+        for mark in CHOICES_MARK.finditer(text):
+            pos, options = mark.end() + 1, []
+            while (m := OPTION.match(text, pos)) is not None:
+                options.append((m.group(1) != " ", m.group(2).rstrip()))
+                pos = m.end() + 1
+            if len(options) < 2 or not any(right for right, _ in options):
+                raise TemplateError(f"cell {i}: choice list {mark.group(1)!r} needs 2+ options and a right one")
+            found.append(ChoiceList(mark.group(1), options, i, (mark.start(), min(pos, len(text)))))
+    ids = [c.qid for c in found]
+    if len(ids) != len(set(ids)):
+        raise TemplateError(f"a choice list id is used twice: {sorted(ids)}")
+    return found
+
+
+def _orders(lists: list[ChoiceList], seed: int, name: str) -> dict[str, list[int]]:
+    """Seeded option orders; single-answer questions get their right option at balanced positions."""
+    rng = random.Random(f"{seed}/{name}")
+    singles = [c for c in lists if not c.multi]
+    slots: list[int] = []
+    for c in singles:  # one position per question, cycling 0..k-1 so every position is used equally
+        slots.append(len(slots) % len(c.options))
+    rng.shuffle(slots)
+    orders: dict[str, list[int]] = {}
+    for c in lists:
+        idx = list(range(len(c.options)))
+        rng.shuffle(idx)
+        if not c.multi:
+            right = next(i for i, (ok, _) in enumerate(c.options) if ok)
+            idx.remove(right)
+            idx.insert(slots.pop(0) % len(c.options), right)
+        orders[c.qid] = idx
+    return orders
+
+
+def render_notebook(nb: dict[str, Any], seed: int, params: dict[str, Any], name: str = "") -> Rendered:
+    """The notebook for one course seed (a new dict; ``nb`` is not changed)."""
+    nb = json.loads(json.dumps(nb))
+    cells = nb["cells"]
+    lists = _find_choice_lists(cells)
+    orders = _orders(lists, seed, name)
+    keys: dict[str, str] = {}
+    for c in sorted(lists, key=lambda c: (c.cell, -c.span[0])):  # right to left: spans stay valid
+        order = orders[c.qid]
+        lines = [f"* **{LETTERS[k]}.** {c.options[j][1]}" for k, j in enumerate(order)]
+        keys[c.qid] = "".join(LETTERS[k] for k, j in enumerate(order) if c.options[j][0])
+        text = "".join(cells[c.cell]["source"])
+        a, b = c.span
+        cells[c.cell]["source"] = text[:a] + "\n".join(lines) + "\n" + text[b:]
+    values = {**{k: v for k, v in keys.items()}, **params}
+    clash = set(keys) & set(params)
+    if clash:
+        raise TemplateError(f"params and choice lists share names: {sorted(clash)}")
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+
+        def fill(m: re.Match[str], i: int = i) -> str:
+            if m.group(1) not in values:
+                raise TemplateError(f"cell {i}: no value for @@{m.group(1)}@@ (params.py or a choice list)")
+            value = values[m.group(1)]
+            return value if isinstance(value, str) else repr(value)
+
+        cell["source"] = PLACEHOLDER.sub(fill, text)
+    return Rendered(nb, keys, params)
+
+
+def render_folder(src: Path, dst: Path, seed: int) -> dict[str, Rendered]:
+    """Render every notebook of an assignment folder into ``dst``; other files are copied, params.py not."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    params = load_params(src, seed)
+    out = {}
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if (path.is_dir() or rel.name == PARAMS_FILE or "__pycache__" in rel.parts
+                or ".ipynb_checkpoints" in rel.parts or rel.suffix == ".pyc"):
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".ipynb":
+            rendered = render_notebook(json.loads(path.read_text()), seed, params, f"{src.name}/{rel}")
+            target.write_text(json.dumps(rendered.notebook, indent=1, ensure_ascii=False) + "\n")
+            out[str(rel)] = rendered
+        else:
+            shutil.copy2(path, target)
+    return out
