@@ -136,6 +136,9 @@ def _print_scores(scores: list) -> None:
 def cmd_release(args: argparse.Namespace) -> int:
     from minengine.course import grading
 
+    if args.seed is not None and abs(args.seed) < 2**32:
+        print(f"warning: seed {args.seed} is short; a student with the public sources could try every seed "
+              "up to it. Prefer e.g. python3 -c 'import secrets; print(secrets.randbits(62))'", file=sys.stderr)
     released = grading.release(args.course_dir, timeout=args.timeout, seed=args.seed)
     for assignment, folder in released.items():
         print(f"released {assignment}: {folder}")
