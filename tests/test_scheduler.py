@@ -318,3 +318,33 @@ def test_core_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_kv_computed_elsewhere_is_admitted_through_add_request():
+    """The disaggregated-decode seam: a request whose prompt KV arrived over a link computes only the rest."""
+    sched = make_scheduler(num_blocks=16, block_size=4, max_num_batched_tokens=64)
+    req = make_request("moved", 10, 5)
+    req.append_output_token(7, now=0.0)  # its first token came from the prefill instance
+    with pytest.raises(ValueError, match="num_computed_tokens must be in"):
+        sched.add_request(make_request("bad", 10, 5), num_computed_tokens=10)  # nothing left to compute
+    sched.add_request(req, num_computed_tokens=10)
+    out = fake_step(sched)
+    (s,) = out.scheduled
+    assert (s.num_tokens, s.start, s.is_prefill, s.sample) == (1, 10, False, True)
+    assert len(req.block_table) == 3 and req.num_cached_tokens == 0  # blocks for all 11 tokens; no cache hit
+    run_to_end(sched)
+    assert req.num_output_tokens == 5 and req.finish_reason == "length"
+
+
+def test_a_preempted_transferred_request_recomputes_everything():
+    sched = make_scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    moved = make_request("moved", 8, 8)
+    moved.append_output_token(7, now=0.0)
+    sched.add_request(make_request("first", 4, 12))
+    fake_step(sched)
+    sched.add_request(moved, num_computed_tokens=8)
+    outs = run_to_end(sched)
+    assert moved.num_preemptions >= 1
+    recompute = next(s for o in outs for s in o.scheduled if s.request is moved and s.start == 0)
+    assert recompute.is_prefill  # after losing its KV it computes its prompt here, from token 0
+    assert moved.num_output_tokens == 8
