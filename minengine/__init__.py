@@ -15,6 +15,7 @@ _EXPORTS = {
     "AsyncLLM": "minengine.engine.async_llm",
     "LLMEngine": "minengine.engine.llm_engine",
     "SamplingParams": "minengine.core.sampling_params",
+    "RequestOutputKind": "minengine.core.sampling_params",
     "EngineConfig": "minengine.config",
     "EngineCore": "minengine.core.engine_core",
     "load_model": "minengine.models.loader",

@@ -7,6 +7,7 @@ HF references are computed once per module (one prompt at a time: no padding to 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from hf_utils import byte_tokenizer, load_hf_reference
 
 from minengine.core.policies import PrefillFirstPolicy
-from minengine.core.sampling_params import SamplingParams
+from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.llm import LLM
 from minengine.engine.sampler import Sampler
@@ -251,6 +252,54 @@ def test_stop_strings_truncate_text_and_deltas_never_split_characters(model, wor
     assert last.outputs[0].text == text[: text.find(stop)] == "".join(deltas)
     assert last.outputs[0].finish_reason == "stop" and last.outputs[0].stop_reason == stop
     assert len(last.outputs[0].token_ids) < 40
+
+
+@pytest.mark.parametrize("stop", [None, "found"])
+def test_output_kinds_deliver_the_same_result(model, workload, stop):
+    """CUMULATIVE repeats everything each step, DELTA sends only what is new, FINAL_ONLY waits for the end;
+    the request and its final text are the same whichever is asked for (stop strings included)."""
+    tok = byte_tokenizer()
+    llm = LLM(model, tokenizer=tok)
+    engine, prompts = llm.llm_engine, workload[0][8:11]
+    base = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    reference = llm.generate(prompts, base, use_tqdm=False)
+    stops = [None] * len(prompts)
+    if stop == "found":  # a stop string from the middle of each reference text
+        stops = [o.outputs[0].text[8:10] for o in reference]
+    outs: dict[RequestOutputKind, dict[str, list]] = {}
+    for kind in RequestOutputKind:
+        for i, p in enumerate(prompts):
+            params = dataclasses.replace(base, output_kind=kind, stop=[stops[i]] if stops[i] else None)
+            engine.add_request(f"{kind.name}-{i}", p, params)
+        got: dict[str, list] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                got.setdefault(out.request_id, []).append(out)
+        outs[kind] = got
+    for i in range(len(prompts)):
+        cum, delta, final = (outs[k][f"{k.name}-{i}"] for k in RequestOutputKind)
+        assert len(final) == 1 and final[0].finished and len(cum) == len(delta) > 1
+        whole = final[0].outputs[0]
+        assert cum[-1].outputs[0].text == whole.text == "".join(o.outputs[0].text for o in delta)
+        assert cum[-1].outputs[0].token_ids == whole.token_ids == [t for o in delta for t in o.outputs[0].token_ids]
+        assert [len(o.outputs[0].token_ids) for o in cum] == list(range(1, len(cum) + 1))
+        assert all(len(o.outputs[0].token_ids) == 1 for o in delta)
+        if stop is None:
+            assert whole.token_ids == reference[i].outputs[0].token_ids
+        else:
+            assert whole.finish_reason == "stop" and whole.stop_reason == stops[i] and stops[i] not in whole.text
+
+
+def test_generate_builds_only_final_outputs_and_keeps_its_step_records(model, workload):
+    llm = LLM(model)
+    outs = llm.generate(workload[0][:6], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                        use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert sum(s.num_decode_tokens + sum(1 for c in s.prefill_chunks) for s in llm.step_records) >= 6 * 12
+    first = llm.step_records[0].step
+    assert [s.step for s in llm.step_records] == list(range(first, first + len(llm.step_records)))
+    again = llm.generate(workload[0][:2], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert len(again) == 2 and llm.step_records[0].step > first  # only the second call's steps
 
 
 def test_incremental_detokenizer_keeps_multibyte_characters_whole():

@@ -103,7 +103,7 @@ def _write(text: str) -> None:
 async def _stream_local(args: argparse.Namespace) -> Any:
     import torch
 
-    from minengine.core.sampling_params import SamplingParams
+    from minengine.core.sampling_params import RequestOutputKind, SamplingParams
     from minengine.engine.async_llm import AsyncLLM
 
     if args.threads:
@@ -122,6 +122,7 @@ async def _stream_local(args: argparse.Namespace) -> Any:
             max_tokens=args.max_tokens,
             seed=args.seed,
             ignore_eos=args.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,  # the terminal prints each piece as it comes
         )
         prompt: Any = args.prompt
         if args.chat:

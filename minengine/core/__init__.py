@@ -18,7 +18,7 @@ from minengine.core.engine_core import (
 from minengine.core.policies import DecodeFirstPolicy, PrefillFirstPolicy, SchedulingPolicy, make_policy
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.request import Request, RequestStatus
-from minengine.core.sampling_params import SamplingParams
+from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.core.scheduler import Scheduler, check_request_size
 
@@ -33,6 +33,7 @@ __all__ = [
     "PrefillFirstPolicy",
     "Request",
     "RequestRecord",
+    "RequestOutputKind",
     "RequestStatus",
     "SamplingParams",
     "ScheduledRequest",

@@ -6,7 +6,22 @@ it, and only the engine's sampler turns temperature / top-k / top-p into tensor 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class RequestOutputKind(enum.Enum):
+    """What each ``RequestOutput`` of a request carries (vLLM's names).
+
+    CUMULATIVE: everything generated so far, every step (copies grow with the output: O(L^2) in all).
+    DELTA: only what is new since the previous output (streaming: AsyncLLM, the server, the CLI).
+    FINAL_ONLY: nothing until the request finishes, then everything (``LLM.generate``).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
 
 SAMPLING_EPS = 1e-5  # temperatures below this mean greedy (as in vLLM)
 
@@ -27,6 +42,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
@@ -53,6 +69,8 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def greedy(self) -> bool:

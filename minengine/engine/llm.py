@@ -7,6 +7,7 @@ call's records for the lessons' metrics and plots.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from tqdm.auto import tqdm
 
 from minengine.config import EngineConfig
 from minengine.core.records import RequestRecord, StepRecord
-from minengine.core.sampling_params import SamplingParams
+from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.engine.llm_engine import LLMEngine, PromptType
 from minengine.engine.outputs import RequestOutput
 
@@ -63,15 +64,17 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(prompt_list)} prompts")
         engine = self.llm_engine
+        # Only final outputs: no per-step copy of every request's growing output (vLLM does the same).
+        final = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params_list}
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
         requests = [
-            engine.process_inputs(None, p, sp) for p, sp in zip(prompt_list, params_list, strict=True)
+            engine.process_inputs(None, p, final[id(sp)]) for p, sp in zip(prompt_list, params_list, strict=True)
         ]
         for request in requests:
             engine.add_processed_request(request)
         index = {r.request_id: i for i, r in enumerate(requests)}
         results: list[RequestOutput | None] = [None] * len(requests)
-        steps: list[StepRecord] = []
+        steps_before = engine.engine_core.num_steps
         bar = tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         num_in = num_out = 0
         try:
@@ -86,14 +89,13 @@ class LLM:
                         bar.set_postfix_str(
                             f"input {num_in / elapsed:.0f} tok/s, output {num_out / elapsed:.0f} tok/s"
                         )
-                if engine.last_step_record is not None:
-                    steps.append(engine.last_step_record)
         except BaseException:
             engine.abort_request([r.request_id for r in requests])  # e.g. Ctrl-C in a notebook
             raise
         finally:
             bar.close()
-        self.step_records = _unique(steps)
+        num_steps = engine.engine_core.num_steps - steps_before
+        self.step_records = list(engine.step_records)[-num_steps:] if num_steps else []
         self.request_records = [r.record for r in requests]
         return [r for r in results if r is not None]
 
@@ -105,12 +107,3 @@ def _as_prompt_list(prompts: Any) -> list[PromptType]:
     if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
-
-
-def _unique(steps: list[StepRecord]) -> list[StepRecord]:
-    """Drop repeats (a step that produced no output leaves the previous record as the last one)."""
-    out: list[StepRecord] = []
-    for s in steps:
-        if not out or out[-1] is not s:
-            out.append(s)
-    return out

@@ -23,7 +23,7 @@ from minengine.config import EngineConfig
 from minengine.core.engine_core import EngineCore
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.request import Request
-from minengine.core.sampling_params import SamplingParams
+from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
@@ -36,6 +36,7 @@ from minengine.models.loader import load_model, load_tokenizer
 MAX_RECORDS = 100_000  # finished-request records kept by a long-running engine (a server)
 
 PromptType = str | list[int] | dict[str, Any]
+DELTA, FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
 class LLMEngine:
@@ -154,8 +155,12 @@ class LLMEngine:
         outputs = []
         for s in step.scheduler_output.scheduled:
             token = step.sampled_token_ids.get(s.request_id)
-            if token is not None:  # the output's time is the token's own timestamp
-                outputs.append(self._make_output(s.request, [token], s.request.record.token_times[-1]))
+            if token is None:
+                continue
+            request = s.request
+            if request.sampling_params.output_kind is FINAL_ONLY and not request.is_finished:
+                continue  # nothing to build (and no output list to copy) until it finishes
+            outputs.append(self._make_output(request, [token], request.record.token_times[-1]))
         return outputs
 
     def _check_stop_string(self, request: Request, finishing: bool) -> str | None:
@@ -177,10 +182,14 @@ class LLMEngine:
         if finished:
             self._detokenizers.pop(request.request_id, None)
             self.request_records.append(request.record)
+        if request.sampling_params.output_kind is DELTA:  # only what is new: no copy of the whole output
+            text, token_ids = delta, list(new_ids)
+        else:
+            token_ids = request.output_token_ids
         completion = CompletionOutput(
             index=0,
             text=text,
-            token_ids=request.output_token_ids,
+            token_ids=token_ids,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             delta_text=delta,

@@ -1,8 +1,9 @@
 """What the engine returns per request (vLLM's ``RequestOutput`` / ``CompletionOutput`` names).
 
-Outputs are cumulative (``text`` and ``token_ids`` hold everything generated so far) and also carry
-the part that is new since the request's previous output (``delta_text``, ``delta_token_ids``), which
-is what a streaming client sends. ``record`` is the request's live ``RequestRecord`` with every
+What ``text`` and ``token_ids`` hold depends on the request's ``SamplingParams.output_kind``: everything
+generated so far (CUMULATIVE, the default; FINAL_ONLY, which sends only the last output), or only what
+is new since the previous output (DELTA). ``delta_text`` / ``delta_token_ids`` are always the new part,
+which is what a streaming client sends. ``record`` is the request's live ``RequestRecord`` with every
 timestamp, so metrics come straight from the outputs.
 """
 

@@ -78,7 +78,7 @@ class OpenAIServingCompletion(OpenAIServing):
             async with aclosing(self.generate(prepared)) as outputs:
                 async for out in outputs:
                     c = out.outputs[0]
-                    num_out = len(c.token_ids)
+                    num_out += len(c.delta_token_ids)
                     if not c.delta_text and not out.finished:
                         continue
                     choice = {

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from minengine.core.sampling_params import SamplingParams
+from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.engine.async_llm import AsyncLLM
 from minengine.engine.outputs import RequestOutput
 from minengine.server.metrics import RequestStats, ServerMetrics
@@ -142,6 +142,8 @@ class OpenAIServing:
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=request.ignore_eos,
+                # a stream sends what is new; a plain response needs only the end (as vLLM's server)
+                output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
             )
         except ValueError as e:
             raise OpenAIError(str(e), 400) from None
