@@ -50,23 +50,32 @@ class Sampler:
 
     @staticmethod
     def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """[R, vocab] logits -> [R, vocab] probabilities after temperature, top-k and top-p."""
-        device = logits.device
+        """[R, vocab] logits -> [R, vocab] probabilities after temperature, top-k and top-p.
+
+        Each filter touches only the rows that use it: one batched ``topk`` (to the largest k asked for)
+        finds every top-k row's threshold, and only top-p rows are sorted, never the whole batch.
+        """
+        device, vocab = logits.device, logits.shape[1]
         temperature = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
         logits = logits / temperature.unsqueeze(1)
-        vocab = logits.shape[1]
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        if any(k < vocab for k in top_k):
-            k_th = torch.stack([logits[i].topk(k).values[-1] for i, k in enumerate(top_k)])
-            logits = logits.masked_fill(logits < k_th.unsqueeze(1), float("-inf"))
-        top_p = torch.tensor([p.top_p for p in params], device=device, dtype=logits.dtype)
-        if bool((top_p < 1).any()):
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
+        k_rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+        if k_rows:
+            ks = torch.tensor([params[i].top_k for i in k_rows], device=device)
+            rows = torch.tensor(k_rows, device=device)
+            top = logits[rows].topk(int(ks.max()), dim=-1).values  # [r, max k], descending
+            k_th = top.gather(1, (ks - 1).unsqueeze(1))  # each row's k-th largest logit
+            logits[rows] = logits[rows].masked_fill(logits[rows] < k_th, float("-inf"))
+        p_rows = [i for i, p in enumerate(params) if p.top_p < 1]
+        if p_rows:
+            rows = torch.tensor(p_rows, device=device)
+            top_p = torch.tensor([params[i].top_p for i in p_rows], device=device, dtype=logits.dtype)
+            sub = logits[rows]
+            sorted_logits, order = sub.sort(dim=-1, descending=True)
             sorted_probs = sorted_logits.softmax(dim=-1)
             # drop a token when the tokens before it already reach top_p (the first token always stays)
             before = sorted_probs.cumsum(dim=-1) - sorted_probs
             drop_sorted = before >= top_p.unsqueeze(1)
             drop_sorted[:, 0] = False  # even a top_p that rounds to 0 keeps the most likely token
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
+            logits[rows] = sub.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)
