@@ -39,9 +39,10 @@ class NullEngine:
     """``EngineCore`` with a ``NullExecutor``: the engine's step loop with no forward pass or sampling."""
 
     def __init__(self, num_seqs: int, prompt_len: int, max_steps: int) -> None:
-        budget = max(2048, num_seqs)
-        # Requests decode during the prefill steps too, so they need that many extra tokens of room.
-        max_tokens = max_steps + -(-num_seqs * prompt_len // budget) + 8
+        budget = max(2048, 2 * num_seqs)
+        # Requests decode during the prefill steps too (taking up to num_seqs of each step's budget), so
+        # they need that many extra tokens of room.
+        max_tokens = max_steps + -(-num_seqs * prompt_len // (budget - num_seqs)) + 8
         config = EngineConfig(max_num_seqs=num_seqs, max_num_batched_tokens=budget)
         config = config.resolved(prompt_len + max_tokens)
         blocks = num_seqs * -(-(prompt_len + max_tokens) // config.block_size)
@@ -97,7 +98,7 @@ def measure(seqs: list[int], steps: int, chunk: int, prompt_len: int, bar: Any) 
 
 def main(argv: list[str] | None = None) -> dict[int, dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seqs", default="16,64,256", help="running sequences (comma-separated)")
+    ap.add_argument("--seqs", default="16,64,256,1024", help="running sequences (comma-separated)")
     ap.add_argument("--steps", type=int, default=1000, help="timed steps per size")
     ap.add_argument("--chunk", type=int, default=50, help="steps per size before rotating to the next")
     ap.add_argument("--prompt-len", type=int, default=128)

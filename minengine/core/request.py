@@ -94,7 +94,7 @@ class Request:
 
         Decoding means: the prompt is done and only the last sampled token is left to compute.
         """
-        return self.num_computed_tokens < max(self.num_prompt_tokens, self.num_tokens - 1)
+        return self.num_computed_tokens < max(self.num_prompt_tokens, len(self.token_ids) - 1)
 
     @property
     def is_finished(self) -> bool:
@@ -124,8 +124,9 @@ class Request:
     # ---- updates ----
     def append_output_token(self, token_id: int, now: float) -> None:
         self.token_ids.append(int(token_id))
-        self.record.token_times.append(now)
-        self.record.num_output_tokens = self.num_output_tokens
+        record = self.record
+        record.token_times.append(now)
+        record.num_output_tokens = len(self.token_ids) - self.num_prompt_tokens
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """After appending a token: the finished status it causes, or None (stop strings: see engine)."""
@@ -135,9 +136,10 @@ class Request:
         if last in params.stop_token_ids:  # type: ignore[operator]  # a list after __post_init__
             self.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and self.num_output_tokens >= params.max_tokens:
+        num_tokens = len(self.token_ids)
+        if params.max_tokens is not None and num_tokens - self.num_prompt_tokens >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        if self.num_tokens >= max_model_len:
+        if num_tokens >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -156,6 +156,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch (see the module docstring for the rule)."""
         bm, now = self.block_manager, self.clock()
+        block_size = bm.block_size
         queries0, hits0 = bm.prefix_cache_queries, bm.prefix_cache_hits
         budget = self.max_num_batched_tokens
         out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
@@ -177,8 +178,10 @@ class Scheduler:
                 is_prefill = req.is_prefill  # allocation below does not change it
                 if not is_prefill and prefill_scheduled and not self.policy.decode_with_prefill:
                     continue
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                while not bm.allocate_slots(req, num_new):
+                num_new = min(len(req.token_ids) - req.num_computed_tokens, budget)
+                # Most decode steps fit in the last block already: no allocation to ask for.
+                fits = req.num_computed_tokens + num_new <= len(req.block_table) * block_size
+                while not fits and not bm.allocate_slots(req, num_new):
                     victims = [r for r in self.running if r.request_id not in scheduled]
                     victim = self.policy.select_victim(victims)
                     self._preempt(victim)
@@ -231,26 +234,30 @@ class Scheduler:
         """
         now = self.clock() if now is None else now
         finished = []
+        running, max_model_len = RequestStatus.RUNNING, self.max_model_len
+        bm, bs = self.block_manager, self.block_manager.block_size
         for s in output.scheduled:
             req = s.request
-            if req.status != RequestStatus.RUNNING:
+            if req.status is not running:
                 continue  # aborted while the step ran
             req.num_computed_tokens += s.num_tokens
-            self.block_manager.cache_blocks(req)
-            token = sampled_token_ids.get(s.request_id)
+            if (s.start + s.num_tokens) // bs > s.start // bs:  # a block filled up: cache it
+                bm.cache_blocks(req)
+            token = sampled_token_ids.get(req.request_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end of the prompt
             req.append_output_token(token, now)
-            status = req.check_stop(self.max_model_len)
+            status = req.check_stop(max_model_len)
             if stop_checker is not None:
                 stop = stop_checker(req, status is not None)
                 if stop is not None:  # a stop string wins over a length stop in the same token (as vLLM)
                     status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
             if status is not None:
                 self.requests.pop(req.request_id)
-                self.running.remove(req)
                 self._finish(req, status, now)
                 finished.append(req)
+        if finished:  # one pass over the running list, not one remove() per finished request
+            self.running = [r for r in self.running if r.status is running]
         return finished
 
     # ---- helpers ----
