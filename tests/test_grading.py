@@ -257,7 +257,7 @@ def test_feedback_and_grades_csv(graded: dict) -> None:
     made = grading.feedback(course_dir, student="ignores_head_dim")
     assert [p.name for p in made] == ["lab1_kv_calculator.html"]
     html = made[0].read_text()
-    assert "lab1_check_per_token_gqa" in html  # the hidden test that failed is shown to the student
+    assert "hidden_head_dim_cases" in html  # the hidden test that failed is shown to the student
     rows = list(csv.DictReader(grading.export_grades(course_dir).open()))
     got = {(r["assignment"], r["student_id"]): float(r["score"]) for r in rows}
     for (assignment, student), lost in graded["expected_lost"].items():
