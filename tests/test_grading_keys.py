@@ -1,0 +1,162 @@
+"""Answer keys stay out of learners' reach, each course gets its own, and self-paced grading works.
+
+COURSE.md, "Grades that mean something": nothing a student can run tells right from wrong before
+grading; numbers and answer order come from a course seed; a learner can grade their own work locally.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minengine.course import grading
+from minengine.course import tooling as course
+from minengine.course.templating import (
+    LETTERS,
+    TemplateError,
+    _find_choice_lists,
+    load_params,
+    render_folder,
+    render_notebook,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = grading.discover_sources()
+QUIZZES = {a: p for a, p in SOURCES.items() if p.parent.name == "quizzes"}
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
+NUMBERS = [0.001, 0.5, 1, 2, 7, 42, 128, 295.2, 1000, 65536, 1e6, 1e9]
+
+
+def notebook_of(folder: Path) -> Path:
+    (nb,) = folder.glob("*.ipynb")
+    return nb
+
+
+def meta(cell: nbformat.NotebookNode) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+# --------------------------------------------------------------------------- nothing to recover
+def candidate_answers() -> list[object]:
+    """Everything a student could try in an answer cell: every letter combination and many numbers."""
+    letters = ["".join(c) for n in (1, 2, 3, 4) for c in itertools.combinations("ABCD", n)]
+    return [*letters, *NUMBERS]
+
+
+@pytest.mark.parametrize("assignment", QUIZZES)
+def test_no_visible_check_tells_right_from_wrong(tmp_path: Path, assignment: str) -> None:
+    """Run every check cell of the student version with every candidate answer: a well-formed answer
+    passes or fails the same whichever it is, so looping over answers recovers nothing."""
+    release = grading.release(tmp_path / "course", {assignment: SOURCES[assignment]}, seed=11)[assignment]
+    nb = nbformat.read(notebook_of(release), as_version=4)
+    assert "@@" not in nbformat.writes(nb)
+    checked = 0
+    for i, cell in enumerate(nb.cells):
+        if not meta(cell).get("grade") or cell.cell_type != "code":
+            continue
+        assert "BEGIN HIDDEN" not in cell.source
+        names = sorted(set(re.findall(r'globals\(\)\.get\("(\w+)"\)', cell.source)))
+        assert names, f"check cell {meta(cell).get('grade_id')} reads no answer"
+        outcomes: dict[str, set[bool]] = {}
+        for value in candidate_answers():
+            ns: dict[str, object] = {name: value for name in names}
+            try:
+                exec(compile(cell.source, f"<{assignment} cell {i}>", "exec"), ns)
+                passed = True
+            except AssertionError:
+                passed = False
+            form = ("one letter" if len(value) == 1 else "letters") if isinstance(value, str) else "number"
+            outcomes.setdefault(form, set()).add(passed)
+        # Within each form (one letter, several letters, a number) every candidate gets the same verdict.
+        assert all(len(v) == 1 for v in outcomes.values()), (meta(cell)["grade_id"], outcomes)
+        checked += 1
+    assert checked >= 8
+
+
+def test_the_installed_package_holds_no_answer_material() -> None:
+    """No key, salt or hidden case in anything a student kernel can import."""
+    package = ROOT / "minengine"
+    text = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    for pattern in (r"SALT\s*=", r"(choice|number|answer)_digest", r"hidden_cases", r"ANSWER_KEY", r"_lab1_models",
+                    r"lab1_check_"):
+        assert not re.search(pattern, text), pattern
+    assert not list(package.rglob("params.py")), "an assignment's key maker must not be installed"
+
+
+# -------------------------------------------------------------------------------- per-course keys
+@pytest.mark.parametrize("assignment", SOURCES)
+def test_each_course_seed_renders_its_own_answers(tmp_path: Path, assignment: str) -> None:
+    src = SOURCES[assignment]
+    views = {}
+    for seed in (1, 2):
+        out = render_folder(src, tmp_path / str(seed), seed)
+        (rendered,) = out.values()
+        text = json.dumps(rendered.notebook)
+        assert "@@" not in text
+        views[seed] = (rendered.keys, rendered.params, text)
+    assert views[1][2] != views[2][2], "two courses got the same notebook"
+    if views[1][0] or views[2][0]:
+        assert views[1][0] != views[2][0], "two courses got the same answer letters"
+    assert not (tmp_path / "1" / "params.py").exists()
+
+
+def test_a_second_course_seed_still_gives_the_source_full_marks(tmp_path: Path) -> None:
+    course_dir = tmp_path / "course"
+    grading.release(course_dir, SOURCES, timeout=30, seed=424242)
+    assert grading.course_seed(course_dir) == 424242  # kept for later releases and regrades
+    for assignment in SOURCES:
+        grading.submit("solution", [notebook_of(course_dir / "source" / assignment)], course_dir)
+    for score in grading.autograde(course_dir):
+        assert score.score == score.max_score > 0, score
+
+
+@pytest.mark.parametrize("assignment", QUIZZES)
+def test_answer_positions_are_balanced_and_the_longest_option_is_no_tell(assignment: str) -> None:
+    src = SOURCES[assignment]
+    nb = json.loads(notebook_of(src).read_text())
+    lists = [c for c in _find_choice_lists(nb["cells"]) if not c.multi]
+    assert len(lists) >= 5
+    longest_right = sum(max(c.options, key=lambda o: len(o[1]))[0] for c in lists)
+    assert longest_right <= len(lists) // 2, "the right option is usually the longest one"
+    for seed in (2026, 1, 2):
+        keys = render_notebook(nb, seed, load_params(src, seed), assignment).keys
+        counts = [sum(keys[c.qid] == letter for c in lists) for letter in LETTERS[:4]]
+        assert max(counts) - min(counts) <= 1, (seed, counts)
+
+
+def test_a_placeholder_without_a_value_stops_the_release() -> None:
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": "x = @@nothing@@"}]}
+    with pytest.raises(TemplateError, match="@@nothing@@"):
+        render_notebook(nb, 1, {})
+
+
+# ------------------------------------------------------------------------------- self-paced grading
+def test_make_grade_grades_your_own_notebook_with_feedback(tmp_path: Path, capsys: pytest.CaptureFixture
+                                                           ) -> None:
+    """A learner's filled-in quiz graded locally: hidden tests run, the score and the feedback come back."""
+    (assignment, src), *_ = QUIZZES.items()
+    course_dir = tmp_path / "course"
+    release = grading.ensure_release(course_dir, {assignment: src})[assignment]
+    solutions = {meta(c)["grade_id"]: c.source for c in
+                 nbformat.read(notebook_of(course_dir / "source" / assignment), as_version=4).cells
+                 if meta(c).get("solution")}
+    mine = nbformat.read(notebook_of(release), as_version=4)
+    for cell in mine.cells:
+        if meta(cell).get("grade_id") in solutions:
+            cell.source = re.sub(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", "", solutions[meta(cell)["grade_id"]],
+                                 flags=re.M)
+    path = tmp_path / "workspace" / notebook_of(release).name
+    path.parent.mkdir()
+    nbformat.write(mine, path)
+    assert course.main(["grade", str(path), "--course-dir", str(course_dir), "--no-open"]) == 0
+    out = capsys.readouterr().out
+    total = re.search(r"score ([\d.]+) / ([\d.]+)", out)
+    assert total and total.group(1) == total.group(2), out
+    (page,) = re.findall(r"feedback \(why each answer is right\): (\S+)", out)
+    html = Path(page).read_text()
+    assert "grade_choice" in html or "grade_number" in html  # the hidden tests, with their explanations
