@@ -65,6 +65,8 @@ def _check_student_versions(ws: Path) -> None:
             for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
                 assert marker not in text, f"{kind}/{rel} in the workspace contains {marker!r}"
             assert "NotImplementedError" in text  # the answers are stubs for the learner to fill in
-            for data in (ROOT / kind / rel.parent).iterdir():  # data files come along
-                assert data.name.startswith(".") or (ws / kind / rel.parent / data.name).exists()
+            for data in (ROOT / kind / rel.parent).iterdir():  # data files come along; the key maker does not
+                if data.name.startswith(".") or data.name == "__pycache__":
+                    continue
+                assert (ws / kind / rel.parent / data.name).exists() == (data.name != "params.py"), data.name
 

@@ -20,7 +20,6 @@ Anything left unreplaced is an error: a release never goes out with a placeholde
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -66,11 +65,9 @@ def load_params(folder: Path, seed: int) -> dict[str, Any]:
     path = folder / PARAMS_FILE
     if not path.is_file():
         return {}
-    spec = importlib.util.spec_from_file_location(f"_minengine_params_{folder.name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    values = module.params(int(seed))
+    namespace: dict[str, Any] = {"__name__": f"_minengine_params_{folder.name}", "__file__": str(path)}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # no __pycache__ left in the sources
+    values = namespace["params"](int(seed))
     if not isinstance(values, dict):
         raise TemplateError(f"{path}: params(seed) must return a dict, got {type(values).__name__}")
     return values
