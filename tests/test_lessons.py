@@ -4,6 +4,10 @@ notebook in git is clean (no outputs, no execution counts, no widget state).
 COURSE.md promises each lesson runs in under 2 minutes on a 2-core CPU. Run alone, each one must; in the
 suite other tests may share the CPU, so the hard limit here is twice that, and the measured times are
 printed (``pytest tests/test_lessons.py -s``) so a slow drift shows before it fails.
+
+Lessons hold their prose against each run with claim checks (``minengine.course.claims.check_claim``):
+a must-hold claim that fails prints ``claims.FAILED_MARKER``, and a lesson whose outputs contain it
+fails here — the text no longer says what the engine does.
 """
 
 from __future__ import annotations
@@ -49,7 +53,24 @@ def test_lesson_runs_headless(path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     tracebacks = [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                   if o.get("output_type") == "stream" and "Traceback" in o.get("text", "")]
     assert not tracebacks, f"{path.name}: a traceback was printed:\n{tracebacks[0]}"
+    failed = failed_claims(nb)
+    assert not failed, f"{path.name}: must-hold claims failed on this run:\n" + "\n".join(failed)
     assert seconds < HARD_LIMIT_S, f"{path.name} took {seconds:.0f} s headless"
+
+
+def failed_claims(nb: nbformat.NotebookNode) -> list[str]:
+    """The lines of every must-hold claim check that failed, from the executed notebook's text outputs."""
+    from minengine.course.claims import FAILED_MARKER
+
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            text = out.get("text", "") if out.get("output_type") == "stream" else out.get("data", {}).get(
+                "text/plain", "")
+            text = "".join(text) if isinstance(text, list) else text
+            lines = text.splitlines()
+            found += ["\n".join(lines[i:i + 2]) for i, line in enumerate(lines) if line.startswith(FAILED_MARKER)]
+    return found
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
@@ -77,5 +98,5 @@ def test_lesson_ends_with_what_to_try(path: Path) -> None:
 
 def test_there_are_lessons() -> None:
     names = {p.name for p in LESSONS}
-    for required in ("00_start_here.ipynb", "01_two_phases.ipynb", "04_kv_cache.ipynb"):
+    for required in ("00_start_here.ipynb", "01_two_phases.ipynb", "03_measuring_latency.ipynb", "04_kv_cache.ipynb"):
         assert required in names
