@@ -118,3 +118,11 @@ def test_attention_decode_smoke() -> None:
     r = attention_decode.main(["--smoke"])  # also checks that every variant gives the same output
     assert len(r["ms"]) == 3 and r["ideal"] > 0
     assert attn.CPU_DECODE_GROUP_TOKENS == before  # restored
+
+
+def test_output_kinds_smoke() -> None:
+    from benchmarks import output_kinds
+
+    results = output_kinds.main(["--smoke"])
+    assert set(results) == {"CUMULATIVE", "DELTA", "FINAL_ONLY"}
+    assert all(r["steps"] >= 64 and r["early_ms"] > 0 for r in results.values())
