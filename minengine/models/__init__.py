@@ -1,4 +1,4 @@
-"""Models: config, paged attention, the Llama-family decoder, and the loader."""
+"""Models: config, paged attention, the Llama-family decoder, the loader, and the GGUF reader."""
 
 from minengine.models.attention import AttentionMetadata, KVCache, allocate_kv_cache, paged_attention
 from minengine.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -11,6 +11,8 @@ from minengine.models.errors import (
 from minengine.models.llama import LlamaForCausalLM
 from minengine.models.loader import (
     DEFAULT_MODEL,
+    PACKAGED_MODELS,
+    ModelPackageMissingError,
     list_shipped_models,
     load_model,
     load_tokenizer,
@@ -21,6 +23,7 @@ from minengine.models.loader import (
 
 __all__ = [
     "DEFAULT_MODEL",
+    "PACKAGED_MODELS",
     "SUPPORTED_ARCHITECTURES",
     "AttentionMetadata",
     "KVCache",
@@ -28,6 +31,7 @@ __all__ = [
     "ModelConfig",
     "ModelLoadError",
     "ModelNotFoundError",
+    "ModelPackageMissingError",
     "UnsupportedModelError",
     "WeightMismatchError",
     "allocate_kv_cache",

