@@ -31,8 +31,9 @@ def test_batch1_decode_is_weight_bytes_over_bandwidth() -> None:
     cost = cm.decode_cost(batch_size=1, context_len=1)
     assert cost.bound == "memory"
     weights_s = cm.model.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s
-    assert cost.time == pytest.approx(weights_s, rel=0.01)
-    assert cost.time == pytest.approx(4.2e-3, rel=0.06)  # 6.74e9 params x 2 B = 13.5 GB -> 4.02 ms
+    assert cost.time == pytest.approx(weights_s, rel=0.025)  # the embedding rows are gathered, not streamed
+    assert cost.time == pytest.approx(cost.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s, rel=0.01)
+    assert cost.time == pytest.approx(4.2e-3, rel=0.07)  # 13.2 GB streamed (13.5 GB less the embedding)
     # Doubling the FLOPs of the chip does not move it; doubling the bandwidth halves it.
     faster = get_accelerator("h100")
     import dataclasses
@@ -58,7 +59,8 @@ def test_ridge_is_peak_over_bandwidth(gpu: str, ridge: float) -> None:
 def test_decode_intensity_is_about_batch_in_16_bit(batch: int) -> None:
     """2 x params x B FLOPs over 2 x params bytes: intensity ~ B FLOP/byte (KV of 1 token is negligible)."""
     cost = ideal().decode_cost(batch, context_len=1)
-    assert cost.intensity == pytest.approx(batch, rel=0.05)
+    assert cost.linear_flops / cost.weight_bytes == pytest.approx(batch, rel=0.01)  # the matmuls
+    assert cost.intensity == pytest.approx(batch, rel=0.15)  # + activations of the element-wise kernels
 
 
 def test_prefill_flops_and_time_proportional_to_tokens_when_compute_bound() -> None:

@@ -1,34 +1,44 @@
-"""Roofline cost model of one engine step: FLOPs, bytes, and the time they predict on an accelerator.
+"""Per-operation roofline cost model of one engine step: FLOPs, bytes, and the time they predict.
 
-A step runs one forward pass over a packed batch of prefill chunks and decodes. Its work (Williams,
-Waterman and Patterson, "Roofline", CACM 2009; applied to LLM inference by Yuan et al., "LLM Inference
-Unveiled: Survey and Roofline Model Insights", 2024, and by the Vidur simulator, MLSys 2024):
+A step runs one forward pass over a packed batch of prefill chunks and decodes. On a GPU its kernels run
+one after another, and each is bound by its own ceiling (Williams, Waterman and Patterson, "Roofline",
+CACM 2009; per-operator, as in the Vidur simulator, Agrawal et al., MLSys 2024). So the step time is a
+sum over operations, each priced on its own roofline:
 
-- **Linear layers**: every new token multiplies through every weight matrix once: ``2 x params x tokens``
-  FLOPs (one multiply and one add per weight; Kaplan et al. 2020, "Scaling Laws", section 2.1). The
-  embedding table is a lookup (no FLOPs); the LM head runs only for the tokens that are sampled.
-- **Attention**: a query attends to each key of its context: ``QK^T`` and ``PV`` cost ``2 x head_dim``
-  FLOPs per (query, key) pair and head each, so ``4 x heads x head_dim`` per pair and layer. A prefill
-  chunk of ``c`` tokens after ``p`` cached ones has ``c x p + c(c+1)/2`` causal pairs: the quadratic
-  term. A decode is a chunk of one token (``p`` = its KV length - 1).
-- **Bytes**: all weights are read once per step, whatever the batch (``params x bytes``; the embedding
-  rows are gathered rather than streamed, which this overcounts by 2-7 % for 7-8B models); each sequence
-  reads its whole cached context once per layer (FlashAttention-style kernels stream K/V tiles through
-  on-chip memory) and writes the K/V of its new tokens. Activations are left out: fused kernels keep
-  most of them on chip, and where they are large (long prefills) the step is compute-bound anyway.
+    step time = sum over ops of max(FLOPs / (peak x e_compute(op)), bytes / (bandwidth x e_memory(op)))
+                + overhead + overhead_per_seq x sequences
 
-Then ``compute_time = FLOPs / (peak x compute_efficiency)``, ``memory_time = bytes / (bandwidth x
-memory_efficiency)`` and the predicted step time is ``max(compute_time, memory_time) + overhead``: the
-slower resource bounds the step (the roofline), and ``overhead`` covers what neither counts (CPU-side
-scheduling, kernel launches, Python). Arithmetic intensity = FLOPs / bytes; below the accelerator's
-ridge point (peak / bandwidth, ~295 FLOP/byte on an H100 SXM) a step is memory-bound.
+The operations (all layers together; ``OpCost`` in ``StepCost.ops``):
 
-Why decode is bandwidth-bound: at batch ``B`` in 16-bit weights, a decode step does ``2 x params x B``
-FLOPs on ``2 x params`` bytes, so its intensity is about ``B`` FLOP/byte, far below the ridge until B
-nears hundreds (and the KV reads, which grow with ``B``, keep attention's intensity near 1 always).
+- ``qkv_o_proj`` and ``mlp``: the matmuls on the packed tokens: ``2 x params x tokens`` FLOPs (Kaplan et
+  al. 2020, section 2.1) over the op's weight bytes, read once per step whatever the batch. Efficiencies
+  ``gemm_compute`` and ``weight_stream``. At small batch the weight read bounds them (decode), at large
+  batch the FLOPs (prefill).
+- ``lm_head``: the same on the sampled rows only (one per request that samples).
+- ``prefill_attention``: the chunks of more than one token: the causal (query, key) pairs (``c x p +
+  c(c+1)/2`` for ``c`` new tokens after ``p`` cached; ``4 x heads x head_dim`` FLOPs per pair and layer)
+  over the K/V the chunk reads and writes. Efficiencies ``attention_compute`` (FlashAttention runs far
+  below matmul peak at a few hundred tokens) and ``kv_stream``.
+- ``decode_attention``: the one-token chunks: each reads its whole cached context once per layer (an
+  intensity of a few FLOP/byte, always bandwidth-bound) and writes one token's K/V. ``kv_stream``.
+- ``elementwise``: norms, RoPE, SiLU-and-mul, residual adds and the embedding gather: bytes only (the
+  activations each such kernel reads and writes, ``ModelShape.elementwise_bytes_per_token``).
+- ``sampling``: the fp32 logits of each sampled row, written by the LM head and read by the sampler.
+
+Why a sum and not ``max(total compute, total memory)``: a mixed step of 100 decodes and a 512-token
+prefill chunk does the chunk's compute-bound matmuls AND the decodes' bandwidth-bound attention; the two
+do not overlap (different kernels), so the step costs about the sum of the two, not the larger. Only
+what one kernel shares truly overlaps: the decode tokens ride along in the chunk's matmuls, which read
+the weights once for both.
+
+The efficiencies (``minengine.perf.efficiency``) are per accelerator and weight dtype, each with its
+source; ``minengine.sim.calibrate`` fits them (and the overheads) to a machine you can measure.
+Arithmetic intensity = FLOPs / bytes; below the ridge (peak / bandwidth, ~295 FLOP/byte on an H100 SXM)
+an op is memory-bound: at batch ``B`` in 16-bit weights the matmuls have an intensity of about ``B``.
 
 ``ModelShape`` describes a model from anything ``perf.model_input.resolve_model`` accepts (a preset name,
-an HF config dict or config.json path, a kvcalc ``KVSpec``, a ``ModelConfig``) or a loaded model. No torch here: the simulator uses this module on any machine.
+an HF config dict or config.json path, a kvcalc ``KVSpec``, a ``ModelConfig``) or a loaded model. No torch
+here: the simulator uses this module on any machine.
 """
 
 from __future__ import annotations
@@ -37,17 +47,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from minengine.perf.efficiency import OP_EFFICIENCIES, Efficiency, efficiency_for
 from minengine.perf.hardware import Accelerator, get_accelerator
 from minengine.perf.model_input import resolve_model
 from minengine.perf.model_spec import KVSpec, dtype_bits, dtype_of_bits, flatten_text_config
+from minengine.perf.step_cost import OpCost, StepCost
 
-# Default efficiencies for datasheet accelerators. Round, documented assumptions, not measurements:
-# gpt-fast decodes Llama-2-7B at 1,397 GB/s on an A100 whose datasheet says 2,039 GB/s (0.69); large
-# bf16 GEMMs typically reach 60-70 % of the dense tensor-core peak. Calibrate (minengine.sim.calibrate)
-# to replace them with fitted numbers for a machine you can measure.
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-DEFAULT_MEMORY_EFFICIENCY = 0.7
+__all__ = ["CostModel", "ModelShape", "OpCost", "StepCost", "attention_pairs", "roofline_points",
+           "step_cost_of_record"]
+
 DEFAULT_OVERHEAD_S = 0.5e-3  # per step: scheduling, input preparation, launch gaps (with CUDA graphs)
+LOGIT_BYTES = 4  # fp32 logits per vocabulary entry of a sampled row
+
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,36 @@ class ModelShape:
         """Params that every token multiplies through: all but the embedding table and the LM head."""
         params = self.active_params if self.active_params is not None else self.num_params
         return params - self.lm_head_params * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def proj_params(self) -> int:
+        """Q, K, V and O projection weights of all layers (0 when the hidden size is unknown)."""
+        q, kv = self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.num_layers * 2 * self.hidden_size * (q + kv)
+
+    @property
+    def proj_flop_params(self) -> int:
+        return self.proj_params
+
+    @property
+    def streamed_body_params(self) -> int:
+        """Weights every step reads, but the LM head's: all but the gathered embedding rows."""
+        return self.num_params - self.lm_head_params * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def elementwise_bytes_per_token(self) -> float:
+        """Activation bytes the element-wise kernels of one token move, all layers: per layer two fused
+        add + RMSNorm (read x and the residual, write both: 8 x hidden), RoPE on q and k in place (2 x
+        their width), SiLU-and-mul (read 2 x intermediate, write 1); plus the embedding row (2 x hidden).
+        16-bit activations (fp32 for fp32 weights). The intermediate size is inferred from the params."""
+        h = self.hidden_size
+        if not h:
+            return 0.0
+        q, kv = self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        mlp_per_layer = (self.body_flop_params - self.proj_params) / self.num_layers
+        inter = max(mlp_per_layer / (3 * h), 0.0)
+        per_layer = 8 * h + 2 * (q + kv) + 3 * inter
+        return (self.num_layers * per_layer + 2 * h) * max(self.weight_bytes_per_param, 2.0)
 
     @property
     def attention_flops_per_pair(self) -> int:
@@ -166,44 +207,6 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
 
 
 # ------------------------------------------------------------------------------------------ one step
-@dataclass(frozen=True)
-class StepCost:
-    """FLOPs, bytes and predicted time of one step. Times are in seconds and include efficiencies."""
-
-    num_tokens: int
-    linear_flops: float
-    attention_flops: float
-    weight_bytes: float
-    kv_read_bytes: float
-    kv_write_bytes: float
-    compute_time: float
-    memory_time: float
-    overhead: float
-
-    @property
-    def flops(self) -> float:
-        return self.linear_flops + self.attention_flops
-
-    @property
-    def bytes(self) -> float:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
-
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity, FLOP per byte moved from memory."""
-        return self.flops / self.bytes if self.bytes else float("inf")
-
-    @property
-    def bound(self) -> str:
-        """"compute" or "memory": whichever ceiling of the roofline limits this step."""
-        return "compute" if self.compute_time >= self.memory_time else "memory"
-
-    @property
-    def time(self) -> float:
-        """The predicted step time: max(compute, memory) + overhead."""
-        return max(self.compute_time, self.memory_time) + self.overhead
-
-
 def _sum_min(lo: int, hi: int, w: int) -> int:
     """sum(min(k, w) for k in range(lo, hi + 1)): keys seen by queries at positions lo-1 .. hi-1."""
     if hi < lo:
@@ -222,20 +225,33 @@ def attention_pairs(chunk: int, context: int, window: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Roofline step-time predictor for one model on one accelerator (fit ``*_efficiency`` and the
-    overheads to measurements with ``minengine.sim.calibrate``)."""
+    """Per-operation roofline step-time predictor for one model on one accelerator.
+
+    ``efficiency``: the four per-op efficiencies (default: the table row of ``minengine.perf.efficiency``
+    for this accelerator and dtype). ``compute_efficiency`` / ``memory_efficiency``, where given,
+    override all compute (GEMM, attention) / all memory (weights, KV) efficiencies at once: the textbook
+    two-number roofline, e.g. ``1.0, 1.0`` for the ideal one. Fit everything to measurements with
+    ``minengine.sim.calibrate``.
+    """
 
     accelerator: Accelerator
     model: ModelShape
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
     overhead_s: float = DEFAULT_OVERHEAD_S  # fixed cost per step
     overhead_per_seq_s: float = 0.0  # per scheduled request (per-request Python work, sampling)
+    efficiency: Efficiency | None = None
 
     @classmethod
     def create(cls, model: Any, gpu: str | Accelerator = "h100", dtype: str | None = None,
                **kwargs: Any) -> CostModel:
         return cls(get_accelerator(gpu), ModelShape.from_model(model, dtype=dtype), **kwargs)
+
+    @property
+    def eff(self) -> Efficiency:
+        """The efficiencies in use: the given or table row, with the two-number overrides applied."""
+        base = self.efficiency or efficiency_for(self.accelerator.key, self.model.weight_bytes_per_param)
+        return base.scaled(self.compute_efficiency, self.memory_efficiency)
 
     @property
     def peak_flops(self) -> float:
@@ -252,34 +268,59 @@ class CostModel:
 
     @property
     def effective_ridge_point(self) -> float:
-        """The ridge after efficiencies: where this model's compute and memory times cross."""
-        return self.ridge_point * self.compute_efficiency / self.memory_efficiency
+        """The matmuls' ridge after efficiencies: the batch where their compute and weight times cross."""
+        return self.ridge_point * self.eff.gemm_compute / self.eff.weight_stream
+
+    def rates(self) -> dict[str, float]:
+        """FLOP/s or byte/s each efficiency stands for on this accelerator."""
+        e, bw = self.eff, self.accelerator.bandwidth_bytes_per_s
+        return {"gemm_compute": self.peak_flops * e.gemm_compute, "weight_stream": bw * e.weight_stream,
+                "kv_stream": bw * e.kv_stream, "attention_compute": self.peak_flops * e.attention_compute}
 
     def step_cost(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> StepCost:
         """Cost of one step over ``chunks`` = (new tokens, tokens already cached) per request.
 
-        A decode with KV length ``L`` (its new token included) is the chunk ``(1, L - 1)``.
-        ``num_sampled`` (LM-head rows) defaults to one per chunk.
+        A decode with KV length ``L`` (its new token included) is the chunk ``(1, L - 1)``; every chunk of
+        one token is priced as a decode, longer ones as prefill. ``num_sampled`` (LM-head rows) defaults
+        to one per chunk.
         """
         m, chunks = self.model, list(chunks)
         tokens = sum(c for c, _ in chunks)
-        pairs = kv_tokens = 0  # summed over layers
-        for window, layers in m.window_groups:
-            pairs += layers * sum(attention_pairs(c, p, window) for c, p in chunks)
-            kv_tokens += layers * sum(p + c if window is None else min(p + c, window) for c, p in chunks)
+        if not tokens:
+            return StepCost(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         sampled = len(chunks) if num_sampled is None else num_sampled
-        linear = 2.0 * (m.body_flop_params * tokens + m.lm_head_params * sampled)
-        return self._cost(tokens, len(chunks), linear, pairs * m.attention_flops_per_pair,
-                          kv_tokens * m.kv_bytes_per_token_per_layer, tokens * m.kv_bytes_per_token)
+        pairs, kv_read = {"p": 0, "d": 0}, {"p": 0, "d": 0}  # summed over layers
+        writes = {"p": sum(c for c, _ in chunks if c > 1), "d": sum(1 for c, _ in chunks if c == 1)}
+        for window, layers in m.window_groups:
+            for c, p in chunks:
+                k = "d" if c == 1 else "p"
+                pairs[k] += layers * attention_pairs(c, p, window)
+                kv_read[k] += layers * (p + c if window is None else min(p + c, window))
+        r, bpp, per_pair = self.rates(), m.weight_bytes_per_param, m.attention_flops_per_pair
 
-    def _cost(self, tokens: int, num_seqs: int, linear: float, attention: float, kv_read: float,
-              kv_write: float) -> StepCost:
-        weights = self.model.weight_bytes if tokens else 0.0
-        compute = (linear + attention) / (self.peak_flops * self.compute_efficiency)
-        bandwidth = self.accelerator.bandwidth_bytes_per_s * self.memory_efficiency
-        memory = (weights + kv_read + kv_write) / bandwidth
-        overhead = self.overhead_s + self.overhead_per_seq_s * num_seqs if tokens else 0.0
-        return StepCost(tokens, linear, attention, weights, kv_read, kv_write, compute, memory, overhead)
+        def op(name: str, flops: float, nbytes: float) -> OpCost:
+            compute_eff, memory_eff = OP_EFFICIENCIES[name]
+            compute = flops / r[compute_eff] if compute_eff else 0.0
+            return OpCost(name, flops, nbytes, compute, nbytes / r[memory_eff])
+
+        proj, mlp = m.proj_flop_params, m.body_flop_params - m.proj_flop_params
+        kv_layer, kv_token = m.kv_bytes_per_token_per_layer, m.kv_bytes_per_token
+        ops = (
+            op("qkv_o_proj", 2.0 * proj * tokens, m.proj_params * bpp),
+            op("mlp", 2.0 * mlp * tokens, (m.streamed_body_params - m.proj_params) * bpp),
+            op("lm_head", 2.0 * m.lm_head_params * sampled, m.lm_head_params * bpp if sampled else 0.0),
+            op("prefill_attention", pairs["p"] * per_pair, kv_read["p"] * kv_layer + writes["p"] * kv_token),
+            op("decode_attention", pairs["d"] * per_pair, kv_read["d"] * kv_layer + writes["d"] * kv_token),
+            op("elementwise", 0.0, tokens * m.elementwise_bytes_per_token),
+            op("sampling", 0.0, sampled * 2 * LOGIT_BYTES * m.vocab_size),
+        )
+        weights = ops[0].bytes + ops[1].bytes + ops[2].bytes
+        kv_write = (writes["p"] + writes["d"]) * kv_token
+        overhead = self.overhead_s + self.overhead_per_seq_s * len(chunks)
+        return StepCost(tokens, ops[0].flops + ops[1].flops + ops[2].flops, ops[3].flops + ops[4].flops,
+                        weights, ops[3].bytes + ops[4].bytes - kv_write, kv_write,
+                        sum(o.compute_time for o in ops), sum(o.memory_time for o in ops), overhead, ops,
+                        ops[5].bytes + ops[6].bytes)
 
     def step_time(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> float:
         return self.step_cost(chunks, num_sampled).time
@@ -297,8 +338,10 @@ class CostModel:
         return replace(self, **changes)
 
     def describe(self) -> str:
-        return (f"{self.model.name} on {self.accelerator.name}: compute eff {self.compute_efficiency:.2f}, "
-                f"memory eff {self.memory_efficiency:.2f}, overhead {1e3 * self.overhead_s:.2f} ms/step"
+        e = self.eff
+        return (f"{self.model.name} on {self.accelerator.name}: efficiencies GEMM {e.gemm_compute:.2f}, "
+                f"weights {e.weight_stream:.2f}, KV {e.kv_stream:.2f}, attention {e.attention_compute:.2f}; "
+                f"overhead {1e3 * self.overhead_s:.2f} ms/step"
                 + (f" + {1e6 * self.overhead_per_seq_s:.0f} us/seq" if self.overhead_per_seq_s else ""))
 
 

@@ -6,15 +6,15 @@ model (``minengine.perf.roofline``). No tokens are computed: every sampled token
 and requests stop at their target length (``ignore_eos`` + ``max_tokens``).
 
 The hot loop of the simulator runs here once per step, so the common case (no sliding windows) is
-written out in plain arithmetic instead of building chunk lists; ``test_sim`` checks it agrees with
-``CostModel.step_cost``.
+written out in plain arithmetic instead of building chunk lists: the same per-op sum as
+``CostModel.step_cost`` (each op's max(compute, memory), summed), which ``test_sim`` checks it agrees with.
 """
 
 from __future__ import annotations
 
 from minengine.core.engine_core import ModelRunnerOutput
 from minengine.core.sched_output import SchedulerOutput
-from minengine.perf.roofline import CostModel, StepCost
+from minengine.perf.roofline import LOGIT_BYTES, CostModel, StepCost
 
 DUMMY_TOKEN = 1  # every "sampled" token; prompts carry a unique id, so no spurious prefix-cache hits
 
@@ -26,14 +26,18 @@ class RooflineExecutor:
         self.cost_model = cost_model
         cm, m = cost_model, cost_model.model
         self._full_attention = all(w is None for w in m.layer_windows)
-        # Constants of the fast path, per token / per pair / per KV token, already divided by the rate.
-        compute_rate = cm.peak_flops * cm.compute_efficiency
-        memory_rate = cm.accelerator.bandwidth_bytes_per_s * cm.memory_efficiency
-        self._t_token = 2.0 * m.body_flop_params / compute_rate
-        self._t_sample = 2.0 * m.lm_head_params / compute_rate
-        self._t_pair = m.num_layers * m.attention_flops_per_pair / compute_rate
-        self._t_weights = m.weight_bytes / memory_rate
-        self._t_kv = m.kv_bytes_per_token / memory_rate  # read or write of one token's K/V, all layers
+        # Constants of the fast path (the per-op sum of CostModel.step_cost, written out), in seconds per
+        # token / per sampled row / per pair / per KV token, already divided by each op's rate.
+        r, bpp = cm.rates(), m.weight_bytes_per_param
+        gemm, weights, kv, attn = r["gemm_compute"], r["weight_stream"], r["kv_stream"], r["attention_compute"]
+        proj, mlp = m.proj_flop_params, m.body_flop_params - m.proj_flop_params
+        self._proj = (2.0 * proj / gemm, m.proj_params * bpp / weights)  # (per token, per step)
+        self._mlp = (2.0 * mlp / gemm, (m.streamed_body_params - m.proj_params) * bpp / weights)
+        self._lm = (2.0 * m.lm_head_params / gemm, m.lm_head_params * bpp / weights)
+        self._t_pair = m.num_layers * m.attention_flops_per_pair / attn
+        self._t_kv = m.kv_bytes_per_token / kv  # read or write of one token's K/V, all layers
+        self._t_elem = m.elementwise_bytes_per_token / kv
+        self._t_logits = 2 * LOGIT_BYTES * m.vocab_size / kv
         self._overhead, self._per_seq = cm.overhead_s, cm.overhead_per_seq_s
 
     def step_cost(self, output: SchedulerOutput) -> StepCost:
@@ -50,15 +54,27 @@ class RooflineExecutor:
         """Predicted seconds for this step."""
         if not self._full_attention:
             return self.step_cost(output).time
-        tokens = sampled = pairs = kv_read = 0
+        tokens = sampled = p_pairs = p_kv = d_pairs = d_kv = decodes = 0
         for s in output.scheduled:
             c, p = s.num_tokens, s.start
             tokens += c
-            kv_read += p + c
-            pairs += c * p + c * (c + 1) // 2
             sampled += s.sample
+            if c == 1:
+                decodes += 1
+                d_kv += p + 1
+                d_pairs += p + 1
+            else:
+                p_kv += p + 2 * c  # reads context + chunk, writes the chunk
+                p_pairs += c * p + c * (c + 1) // 2
         if not tokens:
             return 0.0
-        compute = tokens * self._t_token + sampled * self._t_sample + pairs * self._t_pair
-        memory = self._t_weights + (kv_read + tokens) * self._t_kv
-        return max(compute, memory) + self._overhead + self._per_seq * len(output.scheduled)
+        t_pair, t_kv = self._t_pair, self._t_kv
+        proj, mlp, lm = self._proj, self._mlp, self._lm
+        t = max(tokens * proj[0], proj[1]) + max(tokens * mlp[0], mlp[1])
+        if sampled:
+            t += max(sampled * lm[0], lm[1]) + sampled * self._t_logits
+        if p_pairs:
+            t += max(p_pairs * t_pair, p_kv * t_kv)
+        if decodes:
+            t += max(d_pairs * t_pair, (d_kv + decodes) * t_kv)
+        return t + tokens * self._t_elem + self._overhead + self._per_seq * len(output.scheduled)
