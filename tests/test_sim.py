@@ -229,9 +229,18 @@ def test_calibration_against_the_real_engine_on_this_cpu() -> None:
 
     result = calibrate(num_requests=16)
     print("\n" + result.report())
-    assert np.isfinite(result.mape) and result.mape < 0.5 and result.holdout_mape < 0.5
+    assert np.isfinite(result.mape) and result.mape < 0.3 and result.holdout_mape < 0.3
     cm = result.cost_model
-    assert cm.compute_efficiency > 0 and cm.memory_efficiency > 0 and cm.overhead_s >= 0
+    eff = cm.eff
+    assert min(eff.gemm_compute, eff.weight_stream, eff.kv_stream, eff.attention_compute) > 0
+    assert eff.weight_stream <= 1 and eff.kv_stream <= 1 and cm.overhead_s >= 0
+    kinds = result.kind_errors()
+    assert set(kinds) == {"prefill", "decode", "mixed"} and kinds["prefill"][0] >= 6
+    for kind, (_n, signed, absolute) in kinds.items():
+        # Bands wide enough for a shared 2-core machine (neighbours' load shifts whole phases of the run
+        # by 20-30 %); quiet runs give 3-7 % per kind, mixed steps +5 %.
+        assert absolute < 0.35, kind
+        assert signed > (-0.15 if kind == "mixed" else -0.25), kind  # mixed: not systematically low
     # the calibrated model drives the simulator like any other
     sim = Simulator(cost_model=cm, max_num_seqs=16, max_num_batched_tokens=256)
     assert sim.run(synthetic_workload(10, 50, 64, 8, seed=0)).summary().completed == 10

@@ -1,20 +1,25 @@
-"""Calibrate the roofline cost model against the real engine on this machine.
+"""Calibrate the per-operation roofline against the real engine on this machine.
 
 A datasheet roofline is an upper bound: kernels reach only part of the peak, and every step pays fixed
 costs (Python, scheduling, launches) that no FLOP count sees. Calibration measures them. It runs the real
-``LLMEngine`` on a small mixed workload (prefill chunks and decode batches of varying size), takes the
-``StepRecord`` of every step (its prefill chunks, decode KV lengths and wall time), and fits
+``LLMEngine`` on a small workload (all requests at once, so steps mix prefill chunks with decode batches
+of varying size; then a few prompts alone for pure prefill steps), takes the ``StepRecord`` of every
+step (its prefill chunks, decode KV lengths and wall time), and fits the per-op model of
+``minengine.perf.roofline``:
 
-    step time = max(FLOPs / (peak x e_c), bytes / (bandwidth x e_m)) + overhead + per_seq x num_seqs
+    step time = sum over ops of max(FLOPs / (peak x e_compute(op)), bytes / (bandwidth x e_memory(op)))
+                + overhead + per_seq x num_seqs
 
-where peak and bandwidth come from ``measure_this_machine()``. The efficiencies ``e_c`` and ``e_m`` are
-found by a grid search (the max makes the model non-linear in them); for each grid point, ``overhead``
-and ``per_seq`` (both >= 0) come from a least-squares fit of the *relative* residuals, so a 5 ms step
-counts as much as a 500 ms one. Vidur (Agrawal et al., MLSys 2024) fits per-operator profiles instead
-and reports < 9 % error; a four-number roofline is coarser, and the reported error says by how much.
+with peak and bandwidth from ``measure_this_machine()``. Six parameters: the four efficiencies (GEMM
+compute, weight streaming, KV streaming, attention compute) by coordinate descent on log grids (the
+maxes make the model non-linear in them), and for every trial ``overhead`` and ``per_seq`` (both >= 0)
+by least squares of the *relative* residuals (a 5 ms step counts as much as a 500 ms one), each kind of
+step (prefill, decode, mixed) weighted alike so the many decode steps do not drown the others. Vidur
+(Agrawal et al., MLSys 2024) fits per-operator profiles and reports < 9 % error.
 
 The reported error is the median absolute percentage error |predicted - measured| / measured over all
-steps, and over held-out steps (fit on even steps, score on odd ones).
+steps, over held-out steps (fit on even steps, score on odd ones), and per kind of step with its median
+signed error (a model that prices mixed steps too low shows a negative one).
 
 Run ``python -m minengine.sim.calibrate`` to print it for this machine.
 """
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from minengine.core.records import StepRecord
+from minengine.perf.efficiency import OP_EFFICIENCIES, Efficiency
 from minengine.perf.roofline import CostModel, ModelShape, step_cost_of_record
 
 # A random-weight Llama (GQA, 4 query heads per KV head, like Llama 3) big enough that its weights
@@ -40,9 +46,11 @@ MEDIUM_LLAMA: dict[str, Any] = {
     "vocab_size": 4096, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
 }
 
-# Efficiencies are fractions of *measured* peaks, so they stay near or below 1; the cap (a little above 1:
-# big GEMMs can beat our 1024^3 probe) keeps a fixed overhead from standing in for the weight reads.
+# Efficiencies are fractions of *measured* peaks, so they stay near or below 1. Compute may go a little
+# above (big GEMMs can beat our 1024^3 probe); memory may not (the probe is the best streaming read), which
+# keeps the weight reads, a constant per step like the fixed overhead, from being fitted as overhead.
 MAX_EFFICIENCY = 1.5
+MAX_MEMORY_EFFICIENCY = 1.0
 
 
 @dataclass
@@ -65,6 +73,16 @@ class CalibrationResult:
         """Median absolute percentage error over all steps (as a fraction: 0.1 = 10 %)."""
         return float(np.median(np.abs(self.errors)))
 
+    def kind_errors(self) -> dict[str, tuple[int, float, float]]:
+        """Per kind of step (prefill, decode, mixed): (steps, median signed error, median |error|)."""
+        kinds = np.array([step_kind(s) for s in self.steps])
+        out = {}
+        for kind in ("prefill", "decode", "mixed"):
+            e = self.errors[kinds == kind]
+            if len(e):
+                out[kind] = (len(e), float(np.median(e)), float(np.median(np.abs(e))))
+        return out
+
     def report(self) -> str:
         cm, lines = self.cost_model, []
         lines.append(f"Calibrated {cm.describe()}")
@@ -72,15 +90,11 @@ class CalibrationResult:
                      f"{cm.accelerator.bandwidth_bytes_per_s / 1e9:.1f} GB/s read (measured)")
         lines.append(f"  steps: {len(self.measured)}; median |error| {100 * self.mape:.1f} % (all steps), "
                      f"{100 * self.holdout_mape:.1f} % (held out)")
-        kinds = {"decode-only": [s.num_prefill_tokens == 0 for s in self.steps],
-                 "with prefill": [s.num_prefill_tokens > 0 for s in self.steps]}
-        for name, mask in kinds.items():
-            m = np.asarray(mask, bool)
-            if m.any() and len(m) == len(self.measured):
-                measured, predicted = np.median(self.measured[m]), np.median(self.predicted[m])
-                lines.append(f"  {name:>12}: {m.sum():4d} steps, measured median {1e3 * measured:.2f} ms, "
-                             f"predicted {1e3 * predicted:.2f} ms, median |error| "
-                             f"{100 * np.median(np.abs(self.errors[m])):.1f} %")
+        for kind, (n, signed, absolute) in self.kind_errors().items():
+            m = np.array([step_kind(s) == kind for s in self.steps])
+            lines.append(f"  {kind:>8}: {n:4d} steps, measured median {1e3 * np.median(self.measured[m]):.2f} ms, "
+                         f"predicted {1e3 * np.median(self.predicted[m]):.2f} ms, median error "
+                         f"{100 * signed:+.1f} %, median |error| {100 * absolute:.1f} %")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -88,53 +102,106 @@ class CalibrationResult:
 
 
 # ------------------------------------------------------------------------------------------ fitting
-def _features(steps: Sequence[StepRecord], base: CostModel) -> tuple[np.ndarray, ...]:
-    """Per step: roofline compute seconds and memory seconds at efficiency 1, sequences, measured time."""
-    ideal = base.with_(compute_efficiency=1.0, memory_efficiency=1.0, overhead_s=0.0, overhead_per_seq_s=0.0)
+EFFICIENCY_NAMES = ("gemm_compute", "weight_stream", "kv_stream", "attention_compute")
+
+
+def step_kind(step: StepRecord) -> str:
+    """"prefill" (chunks only), "decode" (decodes only) or "mixed"."""
+    if not step.decode_context_lens:
+        return "prefill"
+    return "mixed" if step.prefill_chunks else "decode"
+
+
+@dataclass
+class _Features:
+    """Per op and step: seconds of compute and of memory traffic at efficiency 1; the efficiency each
+    uses (an index into EFFICIENCY_NAMES, -1: none); sequences and measured seconds per step; weights
+    that give every kind of step (prefill, decode, mixed) the same say in the fit."""
+
+    compute: np.ndarray  # (ops, steps)
+    memory: np.ndarray
+    compute_eff: list[int]
+    memory_eff: list[int]
+    seqs: np.ndarray
+    y: np.ndarray
+    weight: np.ndarray
+
+    def roofline(self, eff: np.ndarray) -> np.ndarray:
+        """Sum over ops of max(compute / e_compute, memory / e_memory), per step."""
+        total = np.zeros_like(self.y)
+        for i, (ci, mi) in enumerate(zip(self.compute_eff, self.memory_eff, strict=True)):
+            c = self.compute[i] / eff[ci] if ci >= 0 else 0.0
+            total += np.maximum(c, self.memory[i] / eff[mi])
+        return total
+
+
+def _features(steps: Sequence[StepRecord], base: CostModel) -> _Features:
+    ideal = base.with_(efficiency=Efficiency(1.0, 1.0, 1.0, 1.0), compute_efficiency=None,
+                       memory_efficiency=None, overhead_s=0.0, overhead_per_seq_s=0.0)
     costs = [step_cost_of_record(ideal, s) for s in steps]
-    compute = np.array([c.compute_time for c in costs])
-    memory = np.array([c.memory_time for c in costs])
+    names = [op.name for op in costs[0].ops]
+    compute = np.array([[c.ops[i].compute_time for c in costs] for i in range(len(names))])
+    memory = np.array([[c.ops[i].memory_time for c in costs] for i in range(len(names))])
+    index = {n: k for k, n in enumerate(EFFICIENCY_NAMES)}
+    compute_eff = [index[OP_EFFICIENCIES[n][0]] if OP_EFFICIENCIES[n][0] else -1 for n in names]
+    memory_eff = [index[OP_EFFICIENCIES[n][1]] for n in names]
+    kinds = [step_kind(s) for s in steps]
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    weight = np.array([1.0 / np.sqrt(counts[k]) for k in kinds])
     seqs = np.array([len(s.prefill_chunks) + len(s.decode_context_lens) for s in steps], float)
-    measured = np.array([s.duration for s in steps])
-    return compute, memory, seqs, measured
+    return _Features(compute, memory, compute_eff, memory_eff, seqs, np.array([s.duration for s in steps]),
+                     weight)
 
 
-def _fit_grid(compute: np.ndarray, memory: np.ndarray, seqs: np.ndarray, y: np.ndarray,
-              ec: np.ndarray, em: np.ndarray, per_seq: bool) -> tuple[float, float, float, float, float]:
-    """Best (loss, e_c, e_m, overhead, per_seq) over the grid ec x em, with non-negative overheads."""
-    roof = np.maximum(compute[None, None, :] / ec[:, None, None], memory[None, None, :] / em[None, :, None])
-    w = 1.0 / y
-    r = ((y - roof) * w).reshape(-1, len(y))  # relative residual before the overhead terms
-    cols = [w, seqs * w] if per_seq else [w]
-    best = (np.inf, 0.0, 0.0, 0.0, 0.0)
-    for keep in ([0, 1], [0], [1], []) if per_seq else ([0], []):  # free fit, then with terms forced to 0
-        coef = np.zeros((r.shape[0], 2))
-        if keep:
-            a = np.stack([cols[k] for k in keep], axis=1)
-            coef[:, keep] = r @ np.linalg.pinv(a).T
-        loss = ((r - coef[:, 0:1] * w - coef[:, 1:2] * seqs * w) ** 2).sum(axis=1)
-        loss[(coef < 0).any(axis=1)] = np.inf
-        i = int(np.argmin(loss))
-        if loss[i] < best[0]:
-            a_i, b_i = np.unravel_index(i, (len(ec), len(em)))
-            best = (float(loss[i]), float(ec[a_i]), float(em[b_i]), float(coef[i, 0]), float(coef[i, 1]))
+def _overheads(f: _Features, roof: np.ndarray, per_seq: bool) -> tuple[float, float, float]:
+    """Best (loss, overhead, per_seq >= 0) for a roofline: least squares of weighted relative residuals."""
+    w = f.weight / f.y
+    r = (f.y - roof) * w
+    cols = [w, f.seqs * w]
+    best = (float(r @ r), 0.0, 0.0)
+    for keep in ([0, 1], [0], [1]) if per_seq else ([0],):
+        a = np.stack([cols[k] for k in keep], axis=1)
+        coef = np.zeros(2)
+        coef[keep] = np.linalg.lstsq(a, r, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        res = r - coef[0] * cols[0] - coef[1] * cols[1]
+        if float(res @ res) < best[0]:
+            best = (float(res @ res), float(coef[0]), float(coef[1]))
     return best
 
 
 def _fit(steps: Sequence[StepRecord], base: CostModel, per_seq: bool) -> CostModel:
-    compute, memory, seqs, y = _features(steps, base)
-    grid = np.geomspace(0.005, MAX_EFFICIENCY, 61)
-    _, ec, em, _, _ = _fit_grid(compute, memory, seqs, y, grid, grid, per_seq)
-    ratio = grid[1] / grid[0]  # refine around the coarse optimum
-    fine_c, fine_m = (np.geomspace(x / ratio, min(x * ratio, MAX_EFFICIENCY), 21) for x in (ec, em))
-    _, ec, em, overhead, per = _fit_grid(compute, memory, seqs, y, fine_c, fine_m, per_seq)
-    return base.with_(compute_efficiency=ec, memory_efficiency=em, overhead_s=overhead,
+    """Coordinate descent over the four efficiencies (log grids, coarse then fine), with the overheads
+    solved in closed form at every point; starts from the best two-number (compute, memory) roofline."""
+    f = _features(steps, base)
+    grid = np.geomspace(0.005, MAX_EFFICIENCY, 41)
+    start = min(((ec, em) for ec in grid for em in grid if em <= MAX_MEMORY_EFFICIENCY),
+                key=lambda e: _overheads(f, f.roofline(np.array([e[0], e[1], e[1], e[0]])), per_seq)[0])
+    eff = np.array([start[0], start[1], start[1], start[0]])
+    ratio = grid[1] / grid[0]
+    for rnd in range(4):
+        for j in range(len(eff)):
+            cap = MAX_MEMORY_EFFICIENCY if EFFICIENCY_NAMES[j] in ("weight_stream", "kv_stream") else MAX_EFFICIENCY
+            lo, hi = (grid[0], cap) if rnd < 2 else (eff[j] / ratio, min(eff[j] * ratio, cap))
+            best = (np.inf, eff[j])
+            for g in np.geomspace(lo, hi, 41 if rnd < 2 else 21):
+                trial = eff.copy()
+                trial[j] = g
+                loss = _overheads(f, f.roofline(trial), per_seq)[0]
+                if loss < best[0]:
+                    best = (loss, g)
+            eff[j] = best[1]
+    _, overhead, per = _overheads(f, f.roofline(eff), per_seq)
+    fitted = Efficiency(*(float(e) for e in eff), source="calibrated on this machine's engine steps")
+    return base.with_(efficiency=fitted, compute_efficiency=None, memory_efficiency=None, overhead_s=overhead,
                       overhead_per_seq_s=per)
 
 
 def fit_cost_model(steps: Sequence[StepRecord], base: CostModel, *, per_seq: bool = True
                    ) -> CalibrationResult:
-    """Fit efficiencies and overheads of ``base`` (its accelerator and model) to measured steps."""
+    """Fit the four per-op efficiencies and the overheads of ``base`` (its accelerator and model) to
+    measured steps."""
     steps = [s for s in steps if s.num_tokens > 0 and s.duration > 0]
     if len(steps) < 8:
         raise ValueError(f"need at least 8 measured steps to calibrate, got {len(steps)}")
@@ -186,7 +253,14 @@ def run_engine_workload(model: Any = None, *, num_requests: int = 24,
               for _ in range(num_requests)]
     llm.generate([p[:32] for p in prompts[:4]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     llm.generate(prompts, params, use_tqdm=False)  # warmed up: first-call costs stay out of the fit
-    return list(llm.step_records), llm.llm_engine.model
+    steps = list(llm.step_records)
+    # Then a few prefill-only steps (one prompt at a time, one output token): the all-at-once run above
+    # has only one, and the fit needs pure prefill, pure decode and mixed steps alike.
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    for n in 2 * sorted({max(8, max_num_batched_tokens * k // 4) for k in (1, 2, 3, 4)}):
+        llm.generate([prompts[0][:1] + [rng.randrange(3, vocab) for _ in range(n - 1)]], one, use_tqdm=False)
+        steps += llm.step_records
+    return steps, llm.llm_engine.model
 
 
 def calibrate(model: Any = None, *, num_threads: int | None = 1, seed: int = 0, **workload: Any
