@@ -320,3 +320,33 @@ def test_engine_config_owns_the_kv_block_rule_the_simulator_uses() -> None:
     too_big = CostModel.create("llama-3.1-70b", "l4")
     with pytest.raises(ValueError, match=r"llama-3.1-70b \(131.4 GiB of weights\) on L4 .*smaller than one block"):
         kv_cache_blocks(too_big, resolve_config(too_big))
+
+
+# ------------------------------------------------------------------------------------------ saturation
+def test_throughput_flattens_at_the_capacity_the_step_costs_imply() -> None:
+    """By hand, for Llama-2-7B on an A100, prompts of 32 and outputs of 128 tokens, max_num_seqs 32:
+    saturated, the engine runs 32 sequences whose KV lengths spread evenly over 33..160 (mean ~96), and
+    each step makes one token for each (a newcomer's 32-token prefill rides along in a memory-bound
+    step: 64 tokens is far below the matmuls' ridge). So a step takes t = decode_cost(32, 96), the
+    engine makes 32 / t tokens/s, and 32 / t / 128 requests/s. A rate sweep must flatten there."""
+    from minengine.perf.roofline import CostModel
+
+    batch, prompt, output = 32, 32, 128
+    cm = CostModel.create("llama-2-7b", "a100")
+    t = cm.decode_cost(batch, prompt + output // 2).time  # ~10.2 ms
+    capacity = batch / t / output  # requests/s (~24)
+    sim = Simulator(cost_model=cm, max_num_seqs=batch, max_num_batched_tokens=512)
+
+    def steady_throughput(rate: float) -> float:
+        """Requests finishing per second in the middle half of the run (no ramp-up or drain)."""
+        result = sim.run(synthetic_workload(400, rate, Fixed(prompt), Fixed(output), seed=0))
+        ends = np.sort([r.finish_time for r in result.requests])
+        lo, hi = ends[len(ends) // 4], ends[3 * len(ends) // 4]
+        return (len(ends) // 2) / (hi - lo)
+
+    light, heavy, heavier = (steady_throughput(f * capacity) for f in (0.5, 2.0, 4.0))
+    print(f"\ncapacity by hand {capacity:.1f} req/s (step {1e3 * t:.2f} ms); simulated at 0.5x/2x/4x: "
+          f"{light:.1f} / {heavy:.1f} / {heavier:.1f} req/s")
+    assert light == pytest.approx(0.5 * capacity, rel=0.15)  # = the offered rate (Poisson, 200 requests)
+    assert heavy == pytest.approx(capacity, rel=0.08)  # above it: flat, at the capacity
+    assert heavier == pytest.approx(heavy, rel=0.03)
