@@ -11,7 +11,7 @@ A GGUF file holds three things, and each has a counterpart in an HF folder:
 
 The folder is written once per GGUF file, to ``${XDG_CACHE_HOME:-~/.cache}/minengine/gguf/
 <file stem>-<size>-<mtime_ns>-v<CACHE_VERSION>/`` (a changed file, or a new converter version, gets a new
-folder), so the first load of SmolLM2-135M takes ~15 s and later ones read plain safetensors.
+folder), so the first load of SmolLM2-135M takes ~10 s (2 CPU cores) and later ones read plain safetensors.
 
 Quantized block layouts (ggml; every block holds 32 consecutive weights of one row, little-endian):
 
@@ -194,7 +194,7 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
             meta.get("llama.attention.key_length")
             or meta.get("llama.rope.dimension_count")
             or hidden // heads
-        ),  # fmt: skip
+        ),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(key("context_length", 2048)),
