@@ -68,12 +68,21 @@ def test_lesson_03_runs_clean_in_the_browser(lesson03: RanNotebook) -> None:
     plots = cells_with_images(lesson03.cells)
     assert len(plots) >= 5, f"lesson 03 drew only {len(plots)} plots"
     # The picture of the lesson: one request's life, queue -> prefill chunks -> first token -> decode.
-    scroll_to_cell(lesson03.page, find_cell(lesson03.cells, r"plot_request_timeline\(burst"))
-    expect_visible_image(lesson03.page)
+    show_output(lesson03.page, find_cell(lesson03.cells, r"plot_request_timeline\(burst"))
     screenshot(lesson03.page, "lesson03_request_timeline")
-    scroll_to_cell(lesson03.page, find_cell(lesson03.cells, r"h100 = \[simulate_latency"))
-    expect_visible_image(lesson03.page)
+    show_output(lesson03.page, find_cell(lesson03.cells, r"h100 = \[simulate_latency"))
     screenshot(lesson03.page, "lesson03_saturation")
+
+
+def show_output(page: Any, index: int) -> None:
+    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
+    scroll_to_cell(page, index)
+    page.evaluate("""i => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
+    }""", index)
+    page.wait_for_timeout(300)
+    expect_visible_image(page)
 
 
 def show_widget(lesson03: RanNotebook) -> Any:

@@ -24,6 +24,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from minengine.sim.simulator import Simulator
 from minengine.sim.workload import LogNormal, synthetic_workload
@@ -109,6 +110,13 @@ def _check_sigma(sigma: object) -> float:
     if not math.isfinite(value) or not 0 <= value <= 3:
         raise ValueError(f"the spread sigma must be between 0 and 3, got {value:g}")
     return value
+
+
+def _plain_log_ticks(axis: object) -> None:
+    """1, 2, 5, 10, 20, 50... on a log axis, written as plain numbers (not 2x10^1)."""
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # type: ignore[attr-defined]
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # type: ignore[attr-defined]
+    axis.set_minor_formatter(NullFormatter())  # type: ignore[attr-defined]
 
 
 def _ms(seconds: float) -> str:
@@ -209,6 +217,7 @@ class LatencyWidget:
             ax.axvline(1000 * value, color=color, linestyle="--", label=f"{label} {_ms(value)}")
         ax.set(xscale="log", xlabel="TTFT (ms, log scale)", ylabel="requests",
                title=f"this setting: {r.rate:g} req/s, σ = {r.sigma:.1f}")
+        _plain_log_ticks(ax.xaxis)
         ax.legend(fontsize=8)
 
         ax = self.ax_hist_rate
@@ -228,6 +237,8 @@ class LatencyWidget:
         ax.set(yscale="log", xlabel="load (rate / capacity)", ylabel="TTFT (ms, log scale)",
                title=f"your settings so far ({GPU_CHOICES[r.gpu]}, mean prompt {r.prompt_mean})")
         ax.set_xlim(0, max(1.2, max(h.load for h in same) * 1.1))
+        ax.margins(y=0.25)
+        _plain_log_ticks(ax.yaxis)
         ax.legend(fontsize=8, loc="upper left")
         buffer = io.BytesIO()
         self.figure.savefig(buffer, format="png")
