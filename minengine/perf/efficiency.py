@@ -57,18 +57,22 @@ class Efficiency:
 # A100 figures. weight_stream: gpt-fast (PyTorch blog "Accelerating Generative AI with PyTorch II: GPT,
 # Fast", 2023) decodes Llama-2-7B bf16 at batch 1 at 1,397 GB/s effective on a 2,039 GB/s A100 (0.685,
 # overheads included); Vidur's A100 operator profiles (Agrawal et al., MLSys 2024), used by the
-# profile-based reference in issue 14, show ~0.74 for the GEMV itself. kv_stream: the same profiles show
-# ~0.9 of bandwidth for PagedAttention decode at large batch. gemm_compute: calibrated on those profiles'
-# 512-token Llama-2-7B prefill (~37 ms, issue 14), i.e. ~200 TFLOP/s in cuBLAS bf16 at M = 512.
+# profile-based reference in issue 14, show ~0.74 for the GEMV itself. kv_stream: those profiles show
+# ~0.9 of bandwidth for the PagedAttention kernel alone at large batch; end to end, KV-heavy published runs
+# (TensorRT-LLM 0.5.0 performance.md, A100 FP16, LLaMA 7B 32x128/2048; lmdeploy v0.1.0a1 A100 static
+# benchmark, llama2-7b 64x128/2048) and the reference's 100-decode step fit 0.80 (block-table gathers,
+# launch gaps): calibrated on those. gemm_compute: calibrated on the profiles' 512-token Llama-2-7B
+# prefill (~37 ms, issue 14), i.e. ~200 TFLOP/s in cuBLAS bf16 at M = 512 (lmdeploy's 2,048-token
+# first-token latency, 139 ms, suggests ~0.69 at larger M).
 # attention_compute: FlashAttention-2 (Dao, 2023, Fig. 5/6: causal forward, head dim 128, A100) runs at
 # roughly 100-130 TFLOP/s at 512-1k tokens (~0.35-0.4 of peak) and reaches ~0.6-0.7 only at 8k-16k.
-_A100 = Efficiency(0.65, 0.74, 0.90, 0.40,
-                   "A100: gpt-fast batch-1 decode + Vidur profiles (issue 14); FlashAttention-2 Fig. 5")
+_A100 = Efficiency(0.65, 0.74, 0.80, 0.40,
+                   "A100: gpt-fast, Vidur profiles (issue 14), TRT-LLM/lmdeploy tables; FlashAttention-2 Fig. 5")
 # Hopper: no profile here. Assumed the A100 fractions (H100's larger peak is, if anything, harder to
 # reach: cuBLAS bf16 runs ~600-700 of 989 TFLOP/s on big GEMMs, ~0.65); FlashAttention-2 on H100 (not
 # FA-3) runs ~0.35 of peak at these lengths. fp8: GEMMs reach a lower fraction of the doubled fp8 peak
 # (assumed 0.5, a round figure).
-_HOPPER = Efficiency(0.65, 0.74, 0.90, 0.35, "Hopper: assumed A100 fractions (no profile here)")
+_HOPPER = Efficiency(0.65, 0.74, 0.80, 0.35, "Hopper: assumed A100 fractions (no profile here)")
 
 GENERIC = Efficiency(0.6, 0.7, 0.8, 0.35, "generic assumption: 60 % of peak FLOP/s, 70-80 % of bandwidth")
 
