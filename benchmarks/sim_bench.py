@@ -11,8 +11,9 @@ workloads of nano-vllm's lengths (prompt and output uniform in [100, 1024]) on L
 Poisson arrivals at ``--rate`` and an offline batch (everything at time 0, the largest batches).
 
 Fidelity: ``minengine.sim.calibrate`` runs the real engine on this CPU (a random Llama, hidden 512, 8
-layers, one thread), fits the roofline cost model to its StepRecords and reports the median absolute
-step-time error over all steps and over held-out steps (fit on even, scored on odd).
+layers, one thread), fits the per-op roofline (four efficiencies + overheads) to its StepRecords and
+reports the median absolute step-time error over all steps, over held-out steps (fit on even, scored on
+odd), and per kind of step (prefill, decode, mixed) with its median signed error.
 """
 
 from __future__ import annotations
@@ -78,14 +79,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 model = {**MEDIUM_LLAMA, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
             start = time.perf_counter()
             cal = calibrate(model, num_requests=args.calib_requests)
-            out["calibration"] = {"mape": cal.mape, "holdout_mape": cal.holdout_mape,
+            out["calibration"] = {"mape": cal.mape, "holdout_mape": cal.holdout_mape, "kinds": cal.kind_errors(),
                                   "steps": len(cal.measured), "wall_s": time.perf_counter() - start,
                                   "report": cal.report(), "load": common.loadavg()[0]}
             bar.update(1)
 
     print(f"\ncommand: {common.command_line()}")
     print(common.machine_line())
-    print(f"simulated {args.model} on {args.gpu} (datasheet roofline), prompt and output lengths uniform in "
+    print(f"simulated {args.model} on {args.gpu} (per-op roofline, table efficiencies), prompt and output lengths uniform in "
           f"[100, 1024], engine defaults; median of {args.repeats} runs\n")
     rows = [[f"{name} ({'rate ' + format(r['rate'], 'g') + '/s' if name == 'poisson' else 'all at t=0'})",
              f"{r['requests']:,}", f"**{r['wall_s']:.2f}**", f"{r['steps']:,}", f"{r['steps_per_s']:,.0f}",
