@@ -10,6 +10,9 @@ Every entry quotes the vendor datasheet. Three conventions, applied to every row
   the rest, and the CUDA context, is what ``gpu_memory_utilization`` and the activation reserve of
   ``minengine.kvcalc`` leave aside).
 
+What fraction of these peaks each kind of kernel reaches (GEMMs, weight and KV streaming, attention) is
+in the table next to this one, ``minengine.perf.efficiency``, with its sources.
+
 The table is only what vendors promise; ``minengine.perf.measure.measure_this_machine()`` measures the
 machine you are on (read bandwidth and matmul FLOP/s) and returns the same ``Accelerator`` record.
 """
