@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,29 @@ def open_notebook(page: Any, server: LabServer, path: str, timeout_s: float = 12
     page.locator(f"{NOTEBOOK} .jp-Cell").first.wait_for(timeout=timeout_s * 1000)
     wait_kernel_idle(page, timeout_s)
     return panel
+
+
+@dataclass
+class RanNotebook:
+    """A notebook open in its own page after Run All Cells: the page, the run's outcome, the cells."""
+
+    page: Any
+    finished: bool
+    cells: list[dict]
+
+
+def run_notebook(browser: Any, server: LabServer, path: str, timeout_s: float) -> Iterator[RanNotebook]:
+    """Open ``path`` in a new page, Run All Cells, yield the result, close the page (a fixture's body:
+    one run of a lesson shared by a module's tests). Skips when the notebook is not in the course."""
+    import pytest
+
+    if not (server.root / path).exists():
+        pytest.skip(f"{path} is not in the course (yet)")
+    page = new_page(browser)
+    open_notebook(page, server, path)
+    finished = run_all(page, timeout_s)
+    yield RanNotebook(page, finished, notebook_cells(page))
+    page.context.close()
 
 
 def wait_kernel_idle(page: Any, timeout_s: float = 120) -> None:

@@ -9,21 +9,18 @@ rate shows a message instead of a traceback). The widget carries ``me-lat-*`` CS
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from jlab_helpers import (
     NOTEBOOK,
     RUN_ALL_S,
+    RanNotebook,
     cells_with_images,
     check_clean,
     expect_visible_image,
     find_cell,
-    new_page,
-    notebook_cells,
-    open_notebook,
-    run_all,
+    run_notebook,
     screenshot,
     scroll_to_cell,
 )
@@ -35,23 +32,10 @@ UPDATE_MS = 30_000  # kernel round trip, a simulation and a matplotlib redraw on
 LESSON = "lessons/03_measuring_latency.ipynb"
 
 
-@dataclass
-class RanNotebook:
-    page: Any
-    finished: bool
-    cells: list[dict]
-
-
 @pytest.fixture(scope="module")
 def lesson03(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
     """Lesson 03 after Run All Cells, shared by this module's tests (one run of the lesson)."""
-    if not (lab_server.root / LESSON).exists():
-        pytest.skip(f"{LESSON} is not in the course (yet)")
-    page = new_page(browser)
-    open_notebook(page, lab_server, LESSON)
-    finished = run_all(page, RUN_ALL_S)
-    yield RanNotebook(page, finished, notebook_cells(page))
-    page.context.close()
+    yield from run_notebook(browser, lab_server, LESSON, RUN_ALL_S)
 
 
 def _stream_text(cells: list[dict]) -> str:
