@@ -13,7 +13,6 @@ from minengine.core.engine_core import (
     ModelRunnerOutput,
     NullExecutor,
     StepInFlight,
-    drain,
 )
 from minengine.core.policies import DecodeFirstPolicy, PrefillFirstPolicy, SchedulingPolicy, make_policy
 from minengine.core.records import RequestRecord, StepRecord
@@ -43,6 +42,5 @@ __all__ = [
     "StepInFlight",
     "StepRecord",
     "check_request_size",
-    "drain",
     "make_policy",
 ]

@@ -160,15 +160,3 @@ class NullExecutor:
         else:
             sampled = {s.request_id: token(s.request) for s in sampling}
         return ModelRunnerOutput(sampled, elapsed=self.elapsed)
-
-
-def drain(core: EngineCore, max_steps: int = 1_000_000) -> list[EngineCoreOutput]:
-    """Step until no request is unfinished (tests, benchmarks, offline runs of a NullExecutor)."""
-    outputs = []
-    while core.has_unfinished_requests():
-        if len(outputs) >= max_steps:
-            raise RuntimeError(f"still {len(core.scheduler.requests)} requests unfinished after {max_steps} steps")
-        step = core.step()
-        if step is not None:
-            outputs.append(step)
-    return outputs
