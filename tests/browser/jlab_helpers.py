@@ -93,6 +93,17 @@ def run_notebook(browser: Any, server: LabServer, path: str, timeout_s: float) -
     page.context.close()
 
 
+def wait_changed(page: Any, selector: str, before: str, attribute: str | None = None,
+                 timeout_ms: float = 30_000) -> None:
+    """Wait until ``selector``'s innerText (as ``inner_text()`` reads it), or ``attribute``, is not ``before``."""
+    page.wait_for_function("""([sel, before, attr]) => {
+        const el = document.querySelector(sel);
+        if (!el) return false;
+        const now = attr ? el.getAttribute(attr) : el.innerText;
+        return now !== null && now !== before;
+    }""", arg=[selector, before, attribute], timeout=timeout_ms)
+
+
 def wait_kernel_idle(page: Any, timeout_s: float = 120) -> None:
     """Wait for the status bar to say ``| Idle`` and the session's kernel to agree.
 

@@ -23,6 +23,7 @@ from jlab_helpers import (
     run_notebook,
     screenshot,
     scroll_to_cell,
+    wait_changed,
 )
 
 from minengine.course.claims import FAILED_MARKER
@@ -76,15 +77,6 @@ def show_widget(lesson03: RanNotebook) -> Any:
     widget.evaluate("el => el.scrollIntoView({block: 'start'})")
     lesson03.page.wait_for_timeout(300)
     return widget
-
-
-def wait_changed(page: Any, selector: str, before: str, attribute: str | None = None) -> None:
-    page.wait_for_function("""([sel, before, attr]) => {
-        const el = document.querySelector(sel);
-        if (!el) return false;
-        const now = attr ? el.getAttribute(attr) : el.innerText;
-        return now !== null && now !== before;
-    }""", arg=[selector, before, attribute], timeout=UPDATE_MS)
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)

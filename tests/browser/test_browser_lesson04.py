@@ -23,6 +23,7 @@ from jlab_helpers import (
     run_notebook,
     screenshot,
     scroll_to_cell,
+    wait_changed,
 )
 
 from minengine.course.widgets.kv_widget import CONTEXT_CHOICES, _token_label
@@ -70,16 +71,6 @@ def to_top(widget: Any) -> None:
 def image_src(widget: Any) -> str:
     """The plot's current image URL: ipywidgets makes a new blob URL for every new PNG."""
     return widget.locator("img.me-kv-plot").get_attribute("src") or ""
-
-
-def wait_changed(page: Any, selector: str, before: str, attribute: str | None = None) -> None:
-    """Wait until ``selector``'s innerText (as ``inner_text()`` reads it), or ``attribute``, is not ``before``."""
-    page.wait_for_function("""([sel, before, attr]) => {
-        const el = document.querySelector(sel);
-        if (!el) return false;
-        const now = attr ? el.getAttribute(attr) : el.innerText;
-        return now !== null && now !== before;
-    }""", arg=[selector, before, attribute], timeout=UPDATE_MS)
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
