@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from minengine.core.request import Request
 
 
+class PolicyError(ValueError):
+    """A policy broke the scheduler's rules (e.g. asked for more tokens than the step's budget)."""
+
+
 def split_by_phase(requests: Sequence[Request]) -> tuple[list[Request], list[Request]]:
     """(decoding, prefilling) requests, each in the given order: one pass, one ``is_prefill`` each."""
     decodes: list[Request] = []
@@ -24,7 +28,7 @@ def split_by_phase(requests: Sequence[Request]) -> tuple[list[Request], list[Req
 class SchedulingPolicy:
     """Who is offered the step's token budget first. Subclass it to write your own policy.
 
-    The interface is two methods and two flags:
+    The interface is three methods and two flags:
 
     - ``order(running, waiting)`` returns the requests to offer tokens to, in order. ``running`` is in
       admission order, ``waiting`` in queue order (preempted requests at the front). Leaving a request
@@ -34,6 +38,11 @@ class SchedulingPolicy:
     - ``select_victim(candidates)`` picks whom to preempt when a running request needs a KV block and
       none is free; ``candidates`` are the running requests not yet scheduled in this step (the needy
       request included), in admission order. Default: the last one (most recently admitted), as vLLM.
+    - ``num_new_tokens(request, num_needed, budget)`` says how many of the ``num_needed`` tokens the
+      request gets now (a prefill chunk's size): an int in [0, min(num_needed, budget)], where 0 skips
+      it for this step. Default: as many as fit. The scheduler raises ``PolicyError`` for anything
+      else (over the step's budget, say), so a policy's mistake is loud, never an oversized batch.
+      With chunked prefill off, a prompt gets all its tokens or none.
     - ``decode_with_prefill``: if False, a step that has already scheduled prompt tokens skips the
       decodes that come after them in the order (vLLM V0's default: prefill steps and decode steps).
     - ``admits_in_queue_order``: True promises that ``order`` keeps waiting requests in queue order
@@ -51,6 +60,9 @@ class SchedulingPolicy:
 
     def select_victim(self, candidates: Sequence[Request]) -> Request:
         return candidates[-1]
+
+    def num_new_tokens(self, request: Request, num_needed: int, budget: int) -> int:
+        return min(num_needed, budget)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"

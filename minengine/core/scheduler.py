@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.block_manager import BlockManager
-from minengine.core.policies import make_policy
+from minengine.core.policies import PolicyError, SchedulingPolicy, make_policy
 from minengine.core.request import Request, RequestStatus
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 
@@ -87,6 +87,8 @@ class Scheduler:
         self.max_model_len: int = config.max_model_len  # type: ignore[assignment]
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.policy = make_policy(config.policy)
+        # Only a policy that sizes chunks itself pays for the call (the hot loop stays plain arithmetic).
+        self._policy_sizes = type(self.policy).num_new_tokens is not SchedulingPolicy.num_new_tokens
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.clock = clock
         self.waiting: deque[Request] = deque()
@@ -179,6 +181,10 @@ class Scheduler:
                 if not is_prefill and prefill_scheduled and not self.policy.decode_with_prefill:
                     continue
                 num_new = min(len(req.token_ids) - req.num_computed_tokens, budget)
+                if self._policy_sizes:
+                    num_new = self._policy_tokens(req, len(req.token_ids) - req.num_computed_tokens, budget)
+                    if not num_new:
+                        continue
                 # Most decode steps fit in the last block already: no allocation to ask for.
                 fits = req.num_computed_tokens + num_new <= len(req.block_table) * block_size
                 while not fits and not bm.allocate_slots(req, num_new):
@@ -201,6 +207,10 @@ class Scheduler:
                 if num_new > budget and not self.enable_chunked_prefill:
                     admitting = False
                     continue
+                if self._policy_sizes:
+                    num_new = self._policy_tokens(req, num_new, budget)
+                    if not num_new:
+                        continue
                 num_new = min(num_new, budget)
                 # Blocks for the KV that arrives from elsewhere are allocated like new tokens' blocks.
                 num_slots = num_computed - num_cached + num_new
@@ -261,6 +271,23 @@ class Scheduler:
         return finished
 
     # ---- helpers ----
+    def _policy_tokens(self, req: Request, num_needed: int, budget: int) -> int:
+        """The policy's chunk size for ``req``, checked: an int in [0, min(needed, budget)]."""
+        n = self.policy.num_new_tokens(req, num_needed, budget)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(num_needed, budget):
+            raise PolicyError(
+                f"policy {type(self.policy).__name__}.num_new_tokens gave request {req.request_id!r} {n!r} "
+                f"tokens; it needs {num_needed} and {budget} are left in this step's budget "
+                f"(max_num_batched_tokens {self.max_num_batched_tokens}): return an int from 0 to "
+                f"{min(num_needed, budget)}"
+            )
+        if n < num_needed and req.is_prefill and not self.enable_chunked_prefill:
+            raise PolicyError(
+                f"policy {type(self.policy).__name__}.num_new_tokens gave request {req.request_id!r} {n} of "
+                f"its {num_needed} prompt tokens, but chunked prefill is off: all of them or 0"
+            )
+        return n
+
     def _reserve(self, scheduled: set[str], budget: int) -> int:
         """Blocks that running requests not yet scheduled in this step may still need (for their next
         token or chunk). An admission must leave them free, so admitting never causes a preemption."""

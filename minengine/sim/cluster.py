@@ -93,6 +93,7 @@ class DisaggregatedCluster(SimulatorBase):
         loop = EventLoop()
         prefill_records: list[RequestRecord] = []
         decode_records: dict[int, RequestRecord] = {}
+        self.executor.eos_at.clear()
 
         def arrive(i: int) -> None:
             req = make_request(specs[i], i, max_tokens=1)
@@ -116,6 +117,8 @@ class DisaggregatedCluster(SimulatorBase):
             i = int(req.request_id)
             moved = make_request(spec, i)  # the whole output budget; its first token is already known
             moved.append_output_token(req.token_ids[-1], req.record.token_times[0])
+            if spec.max_tokens is not None:  # its true length stays with the executor (RequestSpec.max_tokens)
+                self.executor.eos_at[moved.request_id] = spec.output_len
             decode_records[i] = moved.record
             target.add_request(moved, num_computed_tokens=spec.prompt_len)
             self._kick(loop, target, lambda inst, finished: None)

@@ -3,7 +3,7 @@
 In the real engine the model runner turns the scheduler's batch into tensors and runs the model; here
 the same batch is turned into (new tokens, cached tokens) per request and priced by the roofline cost
 model (``minengine.perf.roofline``). No tokens are computed: every sampled token is ``DUMMY_TOKEN``
-and requests stop at their target length (``ignore_eos`` + ``max_tokens``).
+and requests stop at their target length (``ignore_eos`` + ``max_tokens``, or an EOS at ``eos_at``).
 
 The hot loop of the simulator runs here once per step, so the common case (no sliding windows) is
 written out in plain arithmetic instead of building chunk lists: the same per-op sum as
@@ -17,6 +17,7 @@ from minengine.core.sched_output import SchedulerOutput
 from minengine.perf.roofline import LOGIT_BYTES, CostModel, StepCost
 
 DUMMY_TOKEN = 1  # every "sampled" token; prompts carry a unique id, so no spurious prefix-cache hits
+EOS_TOKEN = 0  # sampled when a request reaches its hidden true length (``eos_at``)
 
 
 class RooflineExecutor:
@@ -24,6 +25,9 @@ class RooflineExecutor:
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
+        # request id -> its true output length, for requests that must not reveal it (``RequestSpec.max_tokens``):
+        # the token that reaches it is an EOS. Kept here, not on the request, so a policy never sees it.
+        self.eos_at: dict[str, int] = {}
         cm, m = cost_model, cost_model.model
         self._full_attention = all(w is None for w in m.layer_windows)
         # Constants of the fast path (the per-op sum of CostModel.step_cost, written out), in seconds per
@@ -48,6 +52,11 @@ class RooflineExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """A dummy token for every request that samples; the step takes ``step_time`` seconds."""
         sampled = {s.request_id: DUMMY_TOKEN for s in scheduler_output.scheduled if s.sample}
+        if self.eos_at:
+            for s in scheduler_output.scheduled:
+                n = self.eos_at.get(s.request_id) if s.sample else None
+                if n is not None and s.request.num_output_tokens + 1 >= n:
+                    sampled[s.request_id] = EOS_TOKEN
         return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output))
 
     def step_time(self, output: SchedulerOutput) -> float:

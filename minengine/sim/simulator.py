@@ -27,7 +27,7 @@ from minengine.kvcalc import kv_cache_budget
 from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, summarize
 from minengine.perf.hardware import Accelerator
 from minengine.perf.roofline import CostModel
-from minengine.sim.executor import RooflineExecutor
+from minengine.sim.executor import EOS_TOKEN, RooflineExecutor
 from minengine.sim.instance import EventLoop, SimInstance, make_router
 from minengine.sim.workload import RequestSpec, prompt_token_ids, with_rate
 
@@ -64,7 +64,16 @@ _PARAMS: dict[int, SamplingParams] = {}
 
 
 def make_request(spec: RequestSpec, index: int, max_tokens: int | None = None) -> Request:
-    """The engine request for a spec: dummy prompt ids, stops after exactly ``output_len`` tokens."""
+    """The engine request for a spec: dummy prompt ids, stops after exactly ``output_len`` tokens.
+
+    Without ``spec.max_tokens`` it stops by ``ignore_eos`` + ``max_tokens = output_len`` (the benchmark
+    client's way); with it the request asks for ``spec.max_tokens`` and the executor ends it with an
+    EOS at ``output_len`` (``RooflineExecutor.eos_at``), so the scheduler never sees the true length.
+    """
+    if max_tokens is None and spec.max_tokens is not None:
+        return Request(str(index), prompt_token_ids(spec, index),
+                       SamplingParams(temperature=0.0, max_tokens=spec.max_tokens),
+                       arrival_time=spec.arrival_time, eos_token_ids=(EOS_TOKEN,))
     n = spec.output_len if max_tokens is None else max_tokens
     if n not in _PARAMS:
         _PARAMS[n] = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -113,7 +122,7 @@ class SimulatorBase:
         limit, bs = self.config.max_model_len, self.config.block_size
         assert limit is not None
         for i, s in enumerate(specs):
-            check_request_size(str(i), s.prompt_len, s.output_len, limit, self.num_blocks, bs)
+            check_request_size(str(i), s.prompt_len, s.max_output_len, limit, self.num_blocks, bs)
         return sorted(specs, key=lambda s: s.arrival_time)
 
     def _kick(self, loop: EventLoop, inst: SimInstance, on_done: Callable[[SimInstance, list[Request]], None]
@@ -176,10 +185,13 @@ class Simulator(SimulatorBase):
         instances = [self._instance(f"replica-{i}") for i in range(self.num_replicas)]
         router = make_router(self.router_name)
         loop, records = EventLoop(), []
+        self.executor.eos_at.clear()
 
         def arrive(i: int) -> None:
             req = make_request(specs[i], i)
             records.append(req.record)
+            if specs[i].max_tokens is not None:
+                self.executor.eos_at[req.request_id] = specs[i].output_len
             inst = router(instances)
             inst.add_request(req)
             self._kick(loop, inst, lambda inst, finished: None)

@@ -36,13 +36,20 @@ PREFIX_TOKEN_RANGE = (3, 32_000)
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request of a workload: ``prompt_len`` counts the shared prefix (``prefix_len`` tokens) too."""
+    """One request of a workload: ``prompt_len`` counts the shared prefix (``prefix_len`` tokens) too.
+
+    ``max_tokens`` is what the client asks for, the only length a scheduler sees; ``output_len`` is how
+    many tokens the request really generates (it stops there, as at an EOS). None (the default) means
+    the benchmark client's way, ``ignore_eos`` with ``max_tokens = output_len``: then a policy could
+    read the true length off the request, so scheduling studies should set ``max_tokens``.
+    """
 
     arrival_time: float
     prompt_len: int
     output_len: int
     prefix_id: int | None = None
     prefix_len: int = 0
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
@@ -53,6 +60,13 @@ class RequestSpec:
                              f"({self.prompt_len})")
         if not math.isfinite(self.arrival_time) or self.arrival_time < 0:
             raise ValueError(f"arrival time must be a finite number >= 0, got {self.arrival_time}")
+        if self.max_tokens is not None and self.max_tokens < self.output_len:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= output_len ({self.output_len})")
+
+    @property
+    def max_output_len(self) -> int:
+        """The output budget the client asks for (and the scheduler sees)."""
+        return self.output_len if self.max_tokens is None else self.max_tokens
 
 
 # ------------------------------------------------------------------------------------- length laws
@@ -169,7 +183,7 @@ def with_rate(specs: Sequence[RequestSpec], rate: float, burstiness: float = 1.0
               ) -> list[RequestSpec]:
     """The same requests re-timed to another arrival rate (for sweeps over one set of lengths)."""
     times = arrival_times(rate, len(specs), burstiness, seed)
-    return [RequestSpec(float(t), s.prompt_len, s.output_len, s.prefix_id, s.prefix_len)
+    return [RequestSpec(float(t), s.prompt_len, s.output_len, s.prefix_id, s.prefix_len, s.max_tokens)
             for t, s in zip(times, specs, strict=True)]
 
 
