@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -115,7 +116,13 @@ def test_openai_sdk_chat(openai_client):
 
 
 def test_openai_sdk_models(openai_client):
+    import openai
+
     assert [m.id for m in openai_client.models.list()] == [MODEL]
+    card = openai_client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.models.retrieve("gpt-9")
 
 
 # ---- the wire format ----
@@ -208,6 +215,13 @@ BAD_COMPLETIONS = [
     ("logprobs", {"prompt": "x", "logprobs": 2}, 400),
     ("echo", {"prompt": "x", "echo": True}, 400),
     ("presence_penalty", {"prompt": "x", "presence_penalty": 0.5}, 400),
+    # strict types: a bool is not a token id or a count, a number is not a bool (pydantic's lax mode would
+    # read [[false]] as token 0 and max_tokens: true as 1)
+    ("bool token id", {"prompt": [[False]]}, 400),
+    ("bool in a token list", {"prompt": [5, True]}, 400),
+    ("bool max_tokens", {"prompt": "x", "max_tokens": True}, 400),
+    ("number for stream", {"prompt": "x", "stream": 1}, 400),
+    ("string for a bool", {"prompt": "x", "ignore_eos": "yes"}, 400),
 ]
 
 
@@ -227,6 +241,16 @@ BAD_CHATS = [
     ("empty messages", {"messages": []}, 400),
     ("messages not a list", {"messages": "hello"}, 400),
     ("message without role", {"messages": [{"content": "hi"}]}, 400),
+    ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400),
+    ("empty role", {"messages": [{"role": "", "content": "hi"}]}, 400),
+    ("user content null", {"messages": [{"role": "user", "content": None}]}, 400),
+    ("user content missing", {"messages": [{"role": "user"}]}, 400),
+    (
+        "number for add_generation_prompt",
+        {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": 0},
+        400,
+    ),
+    ("logprobs", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400),
     (
         "image part",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -300,7 +324,19 @@ def test_models_and_health(http):
     data = http.get("/v1/models").json()
     assert data["object"] == "list" and data["data"][0]["id"] == MODEL
     assert data["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    assert http.get(f"/v1/models/{MODEL}").json() == {**data["data"][0], "created": ANY}
+    assert_error(http.get("/v1/models/gpt-9"), 404)
     assert http.get("/health").status_code == 200
+
+
+def test_assistant_content_may_be_null(http):
+    """OpenAI allows a null assistant content (it stands for a tool call); the template sees ''."""
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "and then?"},
+    ]
+    assert http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).status_code == 200
 
 
 def test_metrics_names_and_counts(http):
@@ -359,7 +395,7 @@ def test_schemathesis_finds_no_server_errors(server):
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
-    from schemathesis.checks import not_a_server_error
+    from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance
 
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json", headers=AUTH)
     ops = [result.ok() for result in schema.get_all_operations()]
@@ -380,7 +416,9 @@ def test_schemathesis_finds_no_server_errors(server):
                 case.body["model"] = MODEL
                 for name in UNSUPPORTED:
                     case.body.pop(name, None)
-            response = case.call_and_validate(headers=AUTH, checks=[not_a_server_error], timeout=30)
+            # The schema is the truth: every response (JSON or SSE, 200 or error) is one it documents.
+            checks = [not_a_server_error, response_schema_conformance, content_type_conformance]
+            response = case.call_and_validate(headers=AUTH, checks=checks, timeout=30)
             statuses.setdefault(op.path, set()).add(response.status_code)
 
         check()

@@ -4,7 +4,7 @@ Endpoints (what vLLM's ``vllm serve`` offers, minus the parts minengine has no e
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE) or not; see
   ``serving_completion`` and ``serving_chat``;
-- ``GET /v1/models``; ``GET /health`` (200, or 503 once the engine loop has failed); ``GET /metrics``
+- ``GET /v1/models``, ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); ``GET /health`` (200, or 503 once the engine loop has failed); ``GET /metrics``
   (Prometheus, see ``metrics``); ``GET /version``.
 
 Errors are OpenAI error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400 for every
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,8 +38,11 @@ from minengine import __version__
 from minengine.engine.async_llm import AsyncLLM
 from minengine.server.metrics import ServerMetrics
 from minengine.server.protocol import (
+    ROLES,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -53,7 +57,26 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": desc}
     for code, desc in [(400, "Invalid request"), (401, "Wrong API key"), (404, "Unknown model")]
 }
-_STREAM = {"description": "JSON, or an SSE stream (text/event-stream) when stream is true"}
+
+
+def _json_or_stream(model: type) -> dict[str, Any]:
+    """The 200 response of a generation endpoint: JSON, or with ``stream: true`` an SSE stream whose
+    ``data:`` lines hold chunk objects and end with ``data: [DONE]`` (documented so the schema is true)."""
+    return {
+        "model": model,
+        "description": "The completion as JSON, or an SSE stream (text/event-stream) when stream is true",
+        "content": {
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "description": "One server-sent event: `data:` holds a chunk object as JSON (or an "
+                    "error object); the last event's data is `[DONE]`",
+                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                    "required": ["data"],
+                }
+            }
+        },
+    }
 
 
 def create_app(
@@ -94,28 +117,61 @@ def create_app(
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     _add_error_handlers(app)
 
-    @app.post("/v1/completions", responses={200: _STREAM, **_ERRORS})
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses={200: _json_or_stream(CompletionResponse), **_ERRORS},
+    )
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         return await completions.create_completion(request, raw_request)
 
-    @app.post("/v1/chat/completions", responses={200: _STREAM, **_ERRORS})
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses={200: _json_or_stream(ChatCompletionResponse), **_ERRORS},
+    )
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         return await chat.create_chat_completion(request, raw_request)
 
-    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
-    async def show_models() -> ModelList:
+    def model_card() -> ModelCard:
         root = getattr(llm.engine.model, "model_path", None)
-        card = ModelCard(
+        return ModelCard(
             id=name, root=None if root is None else str(root), max_model_len=completions.max_model_len
         )
-        return ModelList(data=[card])
 
-    @app.get("/health", responses={503: {"model": ErrorResponse, "description": "The engine has failed"}})
+    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
+    async def show_models() -> ModelList:
+        return ModelList(data=[model_card()])
+
+    @app.get(
+        "/v1/models/{model_id:path}",
+        response_model=ModelCard,
+        responses={401: _ERRORS[401], 404: _ERRORS[404]},
+    )
+    async def show_model(model_id: str) -> ModelCard:
+        if model_id != name:
+            raise OpenAIError(
+                f"The model `{model_id}` does not exist; this server serves `{name}`.", 404, "model"
+            )
+        return model_card()
+
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={
+            200: {"description": "The engine is running (empty body)"},
+            503: {"model": ErrorResponse, "description": "The engine has failed"},
+        },
+    )
     async def health() -> Response:
         completions.check_health()
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+    )
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -181,10 +237,24 @@ def _describe_validation(errors: Any) -> tuple[str, str | None]:
             where = f" (at character {loc[-1]})" if loc else ""
             parts.append(f"malformed JSON: {err.get('ctx', {}).get('error', msg)}{where}")
             continue
-        field = ".".join(loc) or None
+        field = ".".join(_field_path(loc)) or None
         param = param or field
         parts.append(f"{field}: {msg}" if field else msg)
     return "; ".join(parts) or "invalid request", param
+
+
+_BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
+def _field_path(loc: list[str]) -> list[str]:
+    """A field's path without pydantic's union-branch labels: ``messages.0.user.content.str`` (the
+    message was read as the ``user`` kind, its content as a ``str``) is the client's ``messages.0.content``."""
+    out: list[str] = []
+    for item in loc:
+        if _BRANCH.match(item) or (out and out[-1].isdigit() and item in ROLES):
+            continue
+        out.append(item)
+    return out
 
 
 def _model_name(llm: AsyncLLM) -> str:

@@ -6,6 +6,10 @@ Unknown request fields are *accepted and ignored* (the server logs a warning nam
 SDKs and benchmark tools add vendor fields freely, and rejecting them would break those tools. Fields we
 know but do not implement (``n`` > 1, ``logprobs``, ``echo``, penalties, tools, ...) are a 400 when set to
 anything but their neutral value, so a client never silently gets something other than what it asked.
+
+The schema is the truth (``/openapi.json``, fuzzed by schemathesis): known types are *strict* (``true`` is
+not the token id 1, ``0`` is not ``false``), and a not-implemented field's schema allows only its neutral
+value (``_only``), while ``unsupported()`` still gives the specific 400 message for it.
 """
 
 from __future__ import annotations
@@ -13,16 +17,21 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 # torch.Generator seeds are 64-bit; vLLM bounds the seed to a signed long the same way.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
-NonNegInt = Annotated[int, Field(ge=0)]
+NonNegInt = Annotated[StrictInt, Field(ge=0)]
+
+
+def _only(schema: dict[str, Any], why: str) -> dict[str, Any]:
+    """Schema keywords for a known-but-unimplemented field: only its neutral value is accepted."""
+    return {"json_schema_extra": {**schema, "description": f"Not supported by minengine: {why}."}}
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -59,15 +68,21 @@ class SamplingRequest(OpenAIBaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegInt] | None = None  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
-    n: int = 1
+    n: int = Field(1, **_only({"minimum": 1, "maximum": 1}, "one completion per request"))
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Known, not implemented: a 400 unless neutral (see OpenAIServing.check_unsupported).
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
-    repetition_penalty: float | None = Field(None, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(
+        None, allow_inf_nan=False, **_only({"minimum": 0, "maximum": 0}, "0 only")
+    )
+    frequency_penalty: float | None = Field(
+        None, allow_inf_nan=False, **_only({"minimum": 0, "maximum": 0}, "0 only")
+    )
+    repetition_penalty: float | None = Field(
+        None, allow_inf_nan=False, **_only({"minimum": 1, "maximum": 1}, "1 only")
+    )
+    logit_bias: dict[str, float] | None = Field(None, **_only({"maxProperties": 0}, "empty only"))
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, reason) for every known-but-unimplemented field set to a non-neutral value."""
@@ -87,12 +102,12 @@ class SamplingRequest(OpenAIBaseModel):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. ``prompt``: text or token ids (one prompt per request)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    echo: bool = False
-    logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = Field(False, **_only({"enum": [False]}, "false only"))
+    logprobs: int | None = Field(None, **_only({"type": "null"}, "null only"))
+    suffix: str | None = Field(None, **_only({"maxLength": 0}, "empty only"))
+    best_of: int | None = Field(None, **_only({"minimum": 1, "maximum": 1}, "1 only"))
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
@@ -108,14 +123,54 @@ class CompletionRequest(SamplingRequest):
 
 
 class ContentPart(OpenAIBaseModel):
-    type: str
-    text: str | None = None
+    """A part of a message's content; only text parts exist here (no images or audio)."""
+
+    type: Literal["text"]
+    text: str
 
 
-class ChatMessage(OpenAIBaseModel):
-    role: str
-    content: str | list[ContentPart] | None = None
+MessageContent = str | list[ContentPart]
+
+
+class _Message(OpenAIBaseModel):
     name: str | None = None
+
+
+class SystemMessage(_Message):
+    role: Literal["system"]
+    content: MessageContent
+
+
+class DeveloperMessage(_Message):
+    role: Literal["developer"]
+    content: MessageContent
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: MessageContent
+
+
+class AssistantMessage(_Message):
+    """``content`` may be null here only (OpenAI's rule: it stands for a tool call, which minengine
+    does not make; the chat template sees an empty string)."""
+
+    role: Literal["assistant"]
+    content: MessageContent | None = None
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: MessageContent
+    tool_call_id: str | None = None
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# One message, told apart by its role (the shape of OpenAI's own spec): an unknown or empty role is a 400.
+ChatMessage = Annotated[
+    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage,
+    Field(discriminator="role"),
+]
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -124,11 +179,15 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = Field(False, **_only({"enum": [False, None]}, "false only"))
+    top_logprobs: int | None = Field(None, **_only({"minimum": 0, "maximum": 0}, "0 only"))
+    tools: list[dict[str, Any]] | None = Field(None, **_only({"maxItems": 0}, "no tools"))
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, **_only({"enum": ["none", "auto", None]}, "none or auto")
+    )
+    response_format: dict[str, Any] | None = Field(
+        None, **_only({"properties": {"type": {"enum": ["text"]}}}, "type text only")
+    )
     add_generation_prompt: bool = True  # vLLM extension
 
     def unsupported(self) -> list[tuple[str, str]]:

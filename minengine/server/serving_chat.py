@@ -42,7 +42,7 @@ from minengine.server.serving_engine import (
 class OpenAIServingChat(OpenAIServing):
     def render_messages(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         """Chat template -> token ids; any template problem is the request's fault (400)."""
-        plain = [{"role": m.role, "content": _text_of(m, i)} for i, m in enumerate(messages)]
+        plain = [{"role": m.role, "content": _text_of(m)} for m in messages]
         if not getattr(self.tokenizer, "chat_template", None):
             raise OpenAIError("this model's tokenizer has no chat template; use /v1/completions", 400)
         try:
@@ -114,20 +114,12 @@ class OpenAIServingChat(OpenAIServing):
         yield {"data": "[DONE]"}
 
 
-def _text_of(message: ChatMessage, index: int) -> str:
-    """A message's text: a string, or its text parts joined by newlines (as vLLM joins them)."""
+def _text_of(message: ChatMessage) -> str:
+    """A message's text: a string, or its text parts joined by newlines (as vLLM joins them). The protocol
+    admits text parts only and a null content only on an assistant message (read as '')."""
     content = message.content
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
-    for part in content:
-        if part.type != "text" or part.text is None:
-            raise OpenAIError(
-                f"messages[{index}]: only text content parts are supported, got {part.type!r}",
-                400,
-                "messages",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
+    return "\n".join(part.text for part in content)
