@@ -12,7 +12,6 @@ are those of the models' published config.json files.
 
 from __future__ import annotations
 
-import math
 import random
 
 # name, dense BF16 TFLOP/s, bandwidth TB/s
