@@ -1,0 +1,183 @@
+"""Lesson 07's measurements: prefix-cache hits, TTFT and KV use for prompts built different ways.
+
+Why a module: every experiment of the lesson is "send these prompts, one after another or together, and
+read the engine's own counters" (the block manager's prefix_cache_queries / prefix_cache_hits, the
+StepRecords' prefill tokens and KV blocks, each RequestRecord's TTFT and cached tokens). Keeping that in
+one tested place leaves the notebook with the prompts and the questions. ``expected_hit_tokens`` is the
+prefix cache's rule written out by hand, so the lesson can hold the measured hits against it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.core.sampling_params import SamplingParams
+from minengine.course.lessons import RunResult, WorkRequest, run_requests
+
+# A system prompt of rules, the kind an assistant carries in front of every conversation.
+RULES = (
+    "You are Pip, a friendly helper who tells short stories to children.",
+    "Always answer in simple words that a five year old can follow.",
+    "Keep every story kind: nobody gets hurt, and every problem is solved by the end.",
+    "Use the names of the children in the question when you can.",
+    "If a child is sad, say something warm before the story starts.",
+    "Stories happen in a park, a garden, a kitchen, a school or near the sea.",
+    "Animals may talk, but they stay polite and they help each other.",
+    "Never ask a child for an address, a school name or a phone number.",
+    "End each story with one happy sentence and a small lesson about sharing or trying again.",
+)
+
+
+def system_prompt(tokenizer: Any, min_tokens: int = 1000) -> str:
+    """Numbered rules, cycled until the text is at least ``min_tokens`` tokens long."""
+    lines: list[str] = []
+    i = 0
+    while True:
+        lines.append(f"Rule {i + 1}: {RULES[i % len(RULES)]}")
+        text = "\n".join(lines) + "\n"
+        if len(tokenizer.encode(text)) >= min_tokens:
+            return text
+        i += 1
+
+
+def expected_hit_tokens(cached: Sequence[int], prompt: Sequence[int], block_size: int) -> int:
+    """Prompt tokens the prefix cache can serve for ``prompt`` when ``cached`` was computed before.
+
+    Only whole blocks are cached, a block is named by its tokens *and* every block before it (so the
+    first differing token ends the match), and the prompt's last token is always computed (its logits
+    are needed): hits = whole blocks of the common prefix, at most (len(prompt) - 1) // block_size.
+    """
+    common = first_difference(cached, prompt)
+    return min(common // block_size, (len(prompt) - 1) // block_size) * block_size
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length if one is a prefix)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+@dataclass
+class PrefixRun:
+    """What a batch of prompts cost: the engine's counters over the run's steps and requests."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    queries: int  # prompt tokens looked up in the prefix cache
+    hits: int  # of which found there
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the model actually computed (recomputation after a preemption included)."""
+        return sum(s.num_prefill_tokens for s in self.steps)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.num_prompt_tokens for r in self.requests)
+
+    @property
+    def ttfts(self) -> list[float]:
+        return [r.ttft for r in self.requests if r.ttft is not None]
+
+    @property
+    def median_ttft(self) -> float:
+        return statistics.median(self.ttfts)
+
+    @property
+    def itls(self) -> list[float]:
+        return [gap for r in self.requests for gap in r.itls]
+
+    @property
+    def median_itl(self) -> float:
+        return statistics.median(self.itls) if self.itls else float("nan")
+
+    @property
+    def peak_kv_blocks(self) -> int:
+        return max((s.kv_blocks_used for s in self.steps), default=0)
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return [r.num_cached_tokens for r in self.requests]
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(r.num_preemptions for r in self.requests)
+
+
+def _collect(results: Sequence[RunResult]) -> PrefixRun:
+    requests = [r for res in results for r in res.requests]
+    steps = [s for res in results for s in res.steps]
+    return PrefixRun(requests, steps, sum(s.prefix_cache_queries for s in steps),
+                     sum(s.prefix_cache_hits for s in steps))
+
+
+def as_ids(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
+    return list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+
+
+def run_one_by_one(llm: Any, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
+                   reset: bool = True) -> PrefixRun:
+    """Send the prompts one after another (each starts after the previous finished), as turns of a chat
+    or users a second apart would; ``reset`` empties the prefix cache first, so runs don't share it."""
+    engine = getattr(llm, "llm_engine", llm)
+    if reset:
+        engine.scheduler.block_manager.reset_prefix_cache()
+    tok = engine.tokenizer
+    return _collect([run_requests(engine, [WorkRequest(0.0, as_ids(tok, p), params)]) for p in prompts])
+
+
+def run_together(llm: Any, work: Sequence[WorkRequest], reset: bool = True) -> PrefixRun:
+    """Run a workload (arrival times and params per request) in one go; ``reset`` as above."""
+    engine = getattr(llm, "llm_engine", llm)
+    if reset:
+        engine.scheduler.block_manager.reset_prefix_cache()
+    return _collect([run_requests(engine, work)])
+
+
+def eviction_hits(llm: Any, prompt: Sequence[int], others: Sequence[Sequence[int]],
+                  params: SamplingParams) -> tuple[int, int]:
+    """Send ``prompt``, then every prompt of ``others``, then ``prompt`` again: its cached tokens the
+    second time, and the KV blocks the ``others`` took from the free pool (which evicts the oldest)."""
+    engine = getattr(llm, "llm_engine", llm)
+    bm = engine.scheduler.block_manager
+    bm.reset_prefix_cache()
+    run_requests(engine, [WorkRequest(0.0, list(prompt), params)])
+    for other in others:
+        run_requests(engine, [WorkRequest(0.0, list(other), params)])
+    blocks = sum(bm.blocks_needed(len(o) + (params.max_tokens or 0)) for o in others)
+    again = run_requests(engine, [WorkRequest(0.0, list(prompt), params)])
+    return again.requests[0].num_cached_tokens, blocks
+
+
+NAMES = ("Mia", "Sam", "Lily", "Ben", "Zoe", "Max", "Ava", "Leo", "Ruby", "Tom", "Nora", "Finn")
+PLACES = ("park", "garden", "kitchen", "school", "beach", "forest", "farm", "library", "lake", "hill")
+THINGS = ("red kite", "blue ball", "small boat", "yellow hat", "big box", "green frog", "old map",
+          "shiny key", "soft cake", "paper star")
+
+
+def documents(n: int = 10, sentences: int = 6) -> list[str]:
+    """``n`` short made-up documents (a retrieval corpus for the lesson), each about one place."""
+    docs = []
+    for i in range(n):
+        name, place = NAMES[i % len(NAMES)], PLACES[i % len(PLACES)]
+        lines = [f"Note {i + 1}, about the {place}:"]
+        for j in range(sentences):
+            who, thing = NAMES[(i + j + 1) % len(NAMES)], THINGS[(i * 3 + j) % len(THINGS)]
+            lines.append(f"{name} and {who} found a {thing} at the {place} and gave it to a friend.")
+        docs.append(" ".join(lines) + "\n")
+    return docs
+
+
+def rag_prompt(system: str, docs: Sequence[str], question: str) -> str:
+    """System prompt, then the documents in the order given, then the question (what changes last)."""
+    return system + "".join(docs) + "Child: " + question + "\nPip:"
