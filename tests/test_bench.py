@@ -138,7 +138,7 @@ def test_stream_request_skips_comments_and_times_only_content():
             "HTTP 400: bad max_tokens",
         ),
         (200, 'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n', "error event: boom"),
-        (200, 'data: {"choices": [{"text": "a"}]}\n\n', "without data: [DONE]"),
+        (200, 'data: {"choices": [{"text": "a"}]}\n\n', "without a finish_reason or data: [DONE]"),
     ],
 )
 def test_stream_request_reports_failures(status, body, expected):
@@ -149,6 +149,20 @@ def test_stream_request_reports_failures(status, body, expected):
 
     result = asyncio.run(main())
     assert expected in result.error and result.record.finish_reason is None
+
+
+def test_a_stream_closed_after_its_finish_reason_is_complete():
+    """transformers serve ends its streams without data: [DONE]; the finish_reason says they are done."""
+    body = 'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "", "finish_reason": "length"}]}\n\n'
+
+    async def main():
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+        async with httpx.AsyncClient(transport=transport) as http:
+            return await stream_request(http, "http://test/v1/completions", {})
+
+    result = asyncio.run(main())
+    assert result.error is None and not result.saw_done
+    assert result.text == "a" and result.record.finish_reason == "length" and result.record.num_output_tokens == 1
 
 
 # ---- against the live server ----

@@ -45,6 +45,7 @@ class BenchmarkSummary(RunSummary):
 
     errors: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how the client adapted to this server (read them)
 
     def rows(self) -> list[tuple[str, str]]:
         rows = super().rows()
@@ -57,6 +58,7 @@ class StreamResult:
     record: RequestRecord
     text: str = ""
     error: str | None = None
+    saw_done: bool = False  # the stream ended with ``data: [DONE]`` (some servers just close it)
 
 
 # ---- one request ----
@@ -99,7 +101,7 @@ async def stream_request(
     record = RequestRecord(
         request_id=request_id, arrival_time=time.perf_counter(), num_prompt_tokens=num_prompt_tokens
     )
-    result, done = StreamResult(record), False
+    result = StreamResult(record)
     try:
         async with client.stream("POST", url, json=payload, headers=headers) as response:
             if response.status_code != 200:
@@ -107,7 +109,7 @@ async def stream_request(
                 return result
             async for now, chunk in iter_sse_json(response):
                 if chunk is None:
-                    done = True
+                    result.saw_done = True
                     break
                 if "error" in chunk:
                     result.error = f"error event: {_error_message(json.dumps(chunk).encode())}"
@@ -129,8 +131,10 @@ async def stream_request(
         return result
     finally:
         record.finish_time = time.perf_counter()
-    if not done:
-        result.error = "the stream ended without data: [DONE]"
+    # A stream that closes after a finish_reason is complete even without [DONE] (transformers serve
+    # ends its streams so); one that closes with neither was cut off.
+    if not result.saw_done and not record.finish_reason:
+        result.error = "the stream ended without a finish_reason or data: [DONE]"
     else:
         record.finish_reason = record.finish_reason or "stop"
         record.num_output_tokens = record.num_output_tokens or len(record.token_times)
@@ -235,8 +239,18 @@ async def run_benchmark(
                 extra_body=extra_body,
             )
 
+        notes: list[str] = []
         if warmup and requests:  # fail fast on a wrong URL, model or key, before the clock starts
             first = await stream_request(client, url, payload(requests[0], 2), headers=headers)
+            if first.error and ignore_eos and first.error.startswith("HTTP 4"):
+                # ignore_eos is a vLLM extension: OpenAI and transformers serve reject unknown fields.
+                ignore_eos = False
+                first = await stream_request(client, url, payload(requests[0], 2), headers=headers)
+                if not first.error:
+                    notes.append(
+                        "the server rejects ignore_eos, so requests were sent without it: outputs may stop "
+                        "at an end-of-sequence token before their requested length"
+                    )
             if first.error:
                 raise RuntimeError(f"the test request to {url} failed: {first.error}")
 
@@ -273,6 +287,9 @@ async def run_benchmark(
         duration = time.perf_counter() - start
 
     records = [res.record for res in results]
+    no_done = sum(1 for res in results if not res.error and not res.saw_done)
+    if no_done:
+        notes.append(f"{no_done} streams closed without data: [DONE]; counted complete (each had a finish_reason)")
     base = summarize(records, duration=duration, slo=slo)
     config = {
         "base_url": base_url,
@@ -288,7 +305,7 @@ async def run_benchmark(
     }
     errors = [res.error for res in results if res.error]
     return BenchmarkSummary(
-        **{k: getattr(base, k) for k in base.__dataclass_fields__}, errors=errors, config=config
+        **{k: getattr(base, k) for k in base.__dataclass_fields__}, errors=errors, config=config, notes=notes
     )
 
 

@@ -130,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         print("minengine bench: interrupted", file=sys.stderr)
         return 130
     print(summary.format_table())
+    for note in summary.notes:
+        print(f"note: {note}", file=sys.stderr)
     if summary.errors:
         print(f"{len(summary.errors)} requests failed; first error: {summary.errors[0]}", file=sys.stderr)
     if args.save_result:
