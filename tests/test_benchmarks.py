@@ -126,3 +126,14 @@ def test_output_kinds_smoke() -> None:
     results = output_kinds.main(["--smoke"])
     assert set(results) == {"CUMULATIVE", "DELTA", "FINAL_ONLY"}
     assert all(r["steps"] >= 64 and r["early_ms"] > 0 for r in results.values())
+
+
+def test_client_offset_smoke() -> None:
+    from benchmarks import client_offset
+
+    result = client_offset.main(["--smoke"])
+    stages = result["medians_ms"]
+    assert result["n"] == 5 and all(v >= 0 for v in stages.values()), stages
+    # The stages tile the client's TTFT exactly (one clock, consecutive stamps).
+    parts = sum(v for k, v in stages.items() if k != "client TTFT")
+    assert parts == pytest.approx(stages["client TTFT"], rel=0.25)
