@@ -114,13 +114,14 @@ def measure_read_bandwidth(device: Any = "cpu", num_bytes: int | None = None, re
     return x.numel() * x.element_size() / seconds
 
 
-def measure_matmul_flops(device: Any = "cpu", n: int | None = None, repeats: int = 7) -> float:
-    """FLOP/s of an n x n matmul (2 n^3 FLOPs): fp32 on CPU, bf16 on a GPU."""
+def measure_matmul_flops(device: Any = "cpu", n: int | None = None, repeats: int = 7, dtype: Any = None) -> float:
+    """FLOP/s of an n x n matmul (2 n^3 FLOPs): by default fp32 on CPU, bf16 on a GPU (``dtype``, a
+    torch.dtype, picks another: a CPU's bf16 peak can be far above or below its fp32 one)."""
     import torch
 
     dev = torch.device(device)
     n = n or (8192 if dev.type == "cuda" else 1024)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     seconds = _timeit(lambda: a @ b, _sync_for(dev), repeats, budget_s=1.0)
