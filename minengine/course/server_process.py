@@ -1,0 +1,227 @@
+"""``minengine serve`` as a managed subprocess: started on a free local port, always stopped.
+
+Why a subprocess and not ``minengine.server.ServerThread``: a lesson about serving should talk to a
+real server over a real socket, the way ``curl`` or the ``openai`` SDK would, and a separate process
+has its own engine, threads and event loop, so the client's measurements are not disturbed by a server
+living in the notebook's own kernel. The price is that a process can outlive the notebook; this class
+makes sure it does not:
+
+- the server runs in a process group of its own, and ``stop`` sends SIGTERM to the whole group, then
+  SIGKILL if it lingers, and waits, so no child survives;
+- ``with ServerProcess(...) as server:`` stops it even when the block raises (or a cell is interrupted);
+- an ``atexit`` hook and a ``weakref.finalize`` stop a server that was started without ``with`` when
+  the kernel exits or the object is dropped;
+- on Linux the server also gets SIGTERM if the process that started it dies without cleaning up
+  (``PR_SET_PDEATHSIG``: a kernel killed with SIGKILL runs no ``atexit`` hook);
+- it binds 127.0.0.1 only, on a port the OS reported free a moment before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+LOCALHOST = "127.0.0.1"
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not answer ``/health`` in time; the message ends with its log."""
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A port nobody listens on right now (the OS picks it; another program could take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = LOCALHOST) -> bool:
+    """True if nothing accepts connections on ``host:port`` (used to check a server really went away)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM us when our parent dies (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen, term_wait: float = 15.0) -> None:
+    """SIGTERM the process group (uvicorn shuts down gracefully), SIGKILL if it lingers, then wait."""
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # children left in the group (there should be none) get the same end
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+class ServerProcess:
+    """``minengine serve`` on ``127.0.0.1:<free port>``; ``with ServerProcess() as s: s.base_url``.
+
+    ``model`` is what ``minengine serve --model`` takes (None: the shipped model); ``args`` are more
+    command-line flags (e.g. ``["--num-blocks", "64", "--no-prefix-caching"]``). ``command`` replaces
+    the whole command line (``{port}`` and ``{host}`` are filled in), to run another OpenAI-compatible
+    server the same way.
+    """
+
+    def __init__(self, model: str | None = None, *, args: Sequence[str] = (), port: int | None = None,
+                 host: str = LOCALHOST, threads: int | None = 1, log_level: str = "warning",
+                 startup_timeout: float = 120.0, command: Sequence[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        if startup_timeout <= 0:
+            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+        self.model, self.args, self.host = model, list(args), host
+        self.requested_port = port
+        self.port: int | None = None
+        self.threads, self.log_level = threads, log_level
+        self.startup_timeout = startup_timeout
+        self.command = list(command) if command is not None else None
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._log_path: Path | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    # ---- addresses ----
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``: the bench client's ``--base-url``."""
+        if self.port is None:
+            raise RuntimeError("the server has not been started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``.../v1``: what the ``openai`` SDK's ``base_url`` wants."""
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cmdline(self, port: int) -> list[str]:
+        if self.command is not None:
+            return [c.format(port=port, host=self.host) for c in self.command]
+        cmd = [sys.executable, "-m", "minengine", "serve", "--host", self.host, "--port", str(port),
+               "--log-level", self.log_level]
+        if self.model is not None:
+            cmd += ["--model", self.model]
+        if self.threads:
+            cmd += ["--threads", str(self.threads)]
+        return cmd + self.args
+
+    def log_text(self) -> str:
+        """What the server printed so far (stdout and stderr together)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return self._log_path.read_text(errors="replace")
+
+    # ---- life cycle ----
+    def start(self) -> ServerProcess:
+        if self.running:
+            raise RuntimeError(f"already running (pid {self.pid}) at {self.url}")
+        self.port = self.requested_port or free_port(self.host)
+        fd, name = tempfile.mkstemp(prefix="minengine-serve-", suffix=".log")
+        self._log_path = Path(name)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
+        with os.fdopen(fd, "wb") as log:
+            self.proc = subprocess.Popen(self.cmdline(self.port), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self._finalizer = weakref.finalize(self, _stop_group, self.proc)
+        _LIVE.add(self)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        assert self.proc is not None
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"the server exited with code {self.proc.returncode} before it "
+                                       f"answered /health; its log:\n{self._tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"the server did not answer {self.url}/health within "
+                                       f"{self.startup_timeout:g} s; its log:\n{self._tail()}")
+            time.sleep(0.1)
+
+    def _tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:]) or "(nothing)"
+
+    def stop(self) -> None:
+        """Stop the server and every process of its group; safe to call twice."""
+        if self.proc is not None:
+            _stop_group(self.proc)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _LIVE.discard(self)
+
+    def close(self) -> None:
+        """Stop and delete the log file."""
+        self.stop()
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running at {self.url} (pid {self.pid})" if self.running else "stopped"
+        return f"ServerProcess({state})"
+
+
+_LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def stop_all() -> None:
+    """Stop every server this process started and did not stop yet (runs at interpreter exit)."""
+    for server in list(_LIVE):
+        server.stop()
