@@ -137,3 +137,13 @@ def test_client_offset_smoke() -> None:
     # The stages tile the client's TTFT exactly (one clock, consecutive stamps).
     parts = sum(v for k, v in stages.items() if k != "client TTFT")
     assert parts == pytest.approx(stages["client TTFT"], rel=0.25)
+
+
+def test_llamacpp_smoke() -> None:
+    """minengine's side of the llama.cpp yardstick (the llama.cpp build itself takes minutes: not in CI)."""
+    from benchmarks import llamacpp
+
+    result = llamacpp.main(["--smoke"])
+    r = result["minengine float32"]
+    assert r["decode_ms"] > 0 and r["prefill_tok_s"] > 0
+    assert 500e6 < r["weight_bytes"] < 600e6  # SmolLM2-135M in fp32, the tied LM head counted once
