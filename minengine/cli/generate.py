@@ -31,7 +31,9 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("prompt", help="the prompt text (with --chat: the user message)")
     parser.add_argument(
-        "--model", default=None, help="shipped name, HF folder or hub id (default: shipped model)"
+        "--model",
+        default=None,
+        help="smollm2-135m, tinystories-4m, an HF folder or hub id (default: smollm2-135m when installed)",
     )
     parser.add_argument("--max-tokens", type=positive_int, default=128)
     parser.add_argument(
@@ -109,8 +111,11 @@ async def _stream_local(args: argparse.Namespace) -> Any:
     if args.threads:
         torch.set_num_threads(args.threads)
     options = {"device": args.device} if args.device else {}
-    print(f"loading {args.model or 'the shipped model'} ...", file=sys.stderr, flush=True)
-    llm = AsyncLLM(model=args.model, **options)
+    from minengine.models.loader import cli_default_model
+
+    model = args.model or cli_default_model()
+    print(f"loading {model} ...", file=sys.stderr, flush=True)
+    llm = AsyncLLM(model=model, **options)
     try:
         engine = llm.engine
         defaults = generation_defaults(getattr(engine.model, "model_path", None))

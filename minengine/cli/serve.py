@@ -24,7 +24,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "Example: minengine serve --model tinystories-4m --port 8000",
     )
     parser.add_argument(
-        "--model", default=None, help="shipped name, HF folder or hub id (default: the shipped model)"
+        "--model",
+        default=None,
+        help="smollm2-135m, tinystories-4m, an HF folder or hub id (default: smollm2-135m when installed)",
     )
     parser.add_argument("--served-model-name", default=None, help="model id clients use (default: --model)")
     parser.add_argument(
@@ -98,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from minengine.models.loader import cli_default_model
+
     try:
         app = create_app(
-            model=args.model,
+            model=args.model or cli_default_model(),
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             metrics_prefix=args.metrics_prefix,

@@ -88,6 +88,17 @@ def packaged_model_file(name: str) -> Path:
     )
 
 
+def cli_default_model() -> str:
+    """The model ``minengine generate`` and ``serve`` use without ``--model``: the real SmolLM2 when its
+    package is installed (``make`` installs it), else the shipped tiny model. The library's own default
+    (``DEFAULT_MODEL``) stays the tiny model, so tests and lessons never pay for a real one by accident."""
+    try:
+        packaged_model_file("smollm2-135m")
+    except ModelPackageMissingError:
+        return DEFAULT_MODEL
+    return "smollm2-135m"
+
+
 def list_shipped_models() -> list[str]:
     """Names of the models in ``minengine/assets/`` (folders holding a config.json)."""
     return sorted(p.parent.name for p in ASSETS_DIR.glob("*/config.json"))
