@@ -234,6 +234,39 @@ def test_throughput_matches_published_a100_figures(name: str, batch: int, prompt
     assert PUBLISHED_BAND[0] <= tok_s / published <= PUBLISHED_BAND[1]
 
 
+# LLaMA 7B with FP8 weights and FP8 KV cache on one H100 SXM, static batching (gptSessionBenchmark):
+#   TensorRT-LLM docs/source/performance.md as updated for v0.6.1, "Peak Throughput", H100 GPUs (FP8),
+#   out tok/s/GPU, each at the batch NVIDIA found best for that shape. (The v0.5.0 table's batch-64 rows
+#   ran a less tuned build: 64x128/128 was 9,193 there, and the model is 1.28x of that.)
+PUBLISHED_H100_FP8 = [
+    ("TRT 768x128/128", 768, 128, 128, 19694.0),
+    ("TRT 112x128/2048", 112, 128, 2048, 6818.0),
+    ("TRT 80x2048/128", 80, 2048, 128, 2244.0),
+    ("TRT 48x2048/2048", 48, 2048, 2048, 2740.0),
+]
+
+
+@pytest.mark.parametrize("name, batch, prompt, output, published", PUBLISHED_H100_FP8)
+def test_throughput_matches_published_h100_fp8_figures(name: str, batch: int, prompt: int, output: int,
+                                                       published: float) -> None:
+    cm = CostModel.create("llama-2-7b", "h100", dtype="fp8")
+    assert cm.model.kv_bytes_per_token == 32 * 2 * 4096  # FP8 KV cache: one byte per element
+    tok_s, _ = static_batch_throughput(cm, batch, prompt, output)
+    print(f"\n{name}: model {tok_s:,.0f} tok/s, published {published:,.0f} ({tok_s / published:.2f}x)")
+    assert PUBLISHED_BAND[0] <= tok_s / published <= PUBLISHED_BAND[1]
+
+
+def test_long_prompt_first_token_latency_matches_published_figures() -> None:
+    """TensorRT-LLM 0.5.0 performance.md, "Low Latency", LLaMA 7B batch 1, a 2,048-token prompt: 36 ms on
+    an H100 (FP8), 133 ms on an A100 (FP16). At 128 tokens the same table says 7 ms and 16 ms, where the
+    model gives about half: a short prefill is dominated by fixed costs (kernel launches, the runtime's
+    own work) that one per-step overhead does not capture; the model is for steps of real work."""
+    h100 = CostModel.create("llama-2-7b", "h100", dtype="fp8").prefill_cost(2048).time
+    a100 = CostModel.create("llama-2-7b", "a100").prefill_cost(2048).time
+    assert h100 == pytest.approx(0.036, rel=0.15)
+    assert a100 == pytest.approx(0.133, rel=0.15)
+
+
 def test_batch1_decode_and_prefill_latency_match_published_a100_figures() -> None:
     cm = CostModel.create("llama-2-7b", "a100")
     per_token = cm.decode_cost(1, 512).time
