@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from minengine.perf.hardware import Accelerator, get_accelerator
 from minengine.perf.roofline import CostModel, ModelShape, StepCost
+from minengine.sim.calibrate import MEDIUM_LLAMA
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -71,13 +72,9 @@ def matmul_intensity(m: int, k: int, n: int, bytes_per_element: float) -> float:
     return flops / nbytes
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
 def fastest_time(fn: Callable[[], Any], device: torch.device, repeats: int = 3, budget_s: float = 1.0) -> float:
     """Fastest of ``repeats`` calls after a warm-up; fewer (at least one) once ``budget_s`` is spent."""
-    sync = _sync(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fn()
     sync()
     best, start = math.inf, time.perf_counter()
@@ -315,11 +312,9 @@ def roofline_seconds(cost: StepCost) -> float:
     return sum(op.time for op in cost.ops)
 
 
-GPU_CALIBRATION_LLAMA: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4,
-    "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-}
+GPU_CALIBRATION_LLAMA: dict[str, Any] = {**MEDIUM_LLAMA, "hidden_size": 2048, "intermediate_size": 8192,
+                                          "num_hidden_layers": 16, "num_attention_heads": 16,
+                                          "num_key_value_heads": 4, "vocab_size": 32000}
 
 
 def calibrate_here(device: str | torch.device = "cpu", threads: int | None = 1, num_requests: int = 24) -> Any:
