@@ -1,0 +1,79 @@
+"""Lesson 06's helpers (``minengine.course.chunked_prefill_lesson``): one long prompt next to decoding
+streams, on the real engine and in the simulator, read from the records."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from minengine.core.records import RequestRecord, StepRecord
+from minengine.course import chunked_prefill_lesson as cp
+
+STREAMS, LONG = 6, 400
+
+
+@pytest.fixture(scope="module")
+def model(torch_one_thread: None) -> Any:
+    from minengine.course.lessons import shipped_llm
+
+    return shipped_llm().llm_engine.model
+
+
+@pytest.fixture(scope="module")
+def runs(model: Any) -> dict[str, cp.Interference]:
+    return {name: cp.interference_run(cp.budget_engine(model, budget, policy, STREAMS), STREAMS, LONG, label=name)
+            for name, budget, policy in (("off", None, "decode_first"), ("64", 64, "decode_first"),
+                                         ("pf", 64, "prefill_first"))}
+
+
+def test_chunking_off_computes_the_prompt_in_one_step_next_to_the_decodes(runs: dict[str, cp.Interference]) -> None:
+    off = runs["off"]
+    (step,) = off.prefill_steps
+    assert step.num_prefill_tokens == LONG and step.num_decode_seqs == STREAMS
+    assert all(len(r.token_times) >= 3 for r in off.streams) and off.long.num_prompt_tokens == LONG
+    assert off.spike >= off.long_ttft * 0.5  # the streams waited for that one step
+
+
+def test_chunks_fit_the_budget_and_the_work_is_the_same(runs: dict[str, cp.Interference]) -> None:
+    on = runs["64"]
+    assert len(on.prefill_steps) == math.ceil(LONG / (64 - STREAMS))
+    assert all(s.num_tokens <= 64 and s.num_decode_seqs == STREAMS for s in on.prefill_steps)
+    assert on.prompt_tokens_computed == runs["off"].prompt_tokens_computed == LONG
+    assert len(on.window_gaps) >= STREAMS * len(on.prefill_steps)  # every stream kept producing tokens
+
+
+def test_prefill_first_stalls_the_streams(runs: dict[str, cp.Interference]) -> None:
+    pf = runs["pf"]
+    assert all(s.num_decode_seqs == 0 for s in pf.prefill_steps)
+    assert math.isnan(pf.typical_gap)  # no stream produced a token while the prompt was prefilled
+    assert pf.spike >= pf.prefill_busy_s
+
+
+def test_measure_interference_on_known_records() -> None:
+    streams = [RequestRecord("s", 0.0, token_times=[1.0, 1.1, 1.2, 1.3, 2.3, 2.4, 2.5])]
+    long = RequestRecord("l", 1.25, token_times=[2.3])
+    steps = [StepRecord(i, t, t + 0.1) for i, t in enumerate([1.0, 1.1, 1.2])]
+    steps += [StepRecord(3, 1.3, 2.3, num_prefill_tokens=500), StepRecord(4, 2.3, 2.4), StepRecord(5, 2.4, 2.5)]
+    got = cp.measure_interference("x", streams, long, steps, tail_steps=2)
+    assert got.long_ttft == pytest.approx(1.05) and got.window_end == pytest.approx(2.5)
+    assert got.spike == pytest.approx(1.0) and got.baseline_itl == pytest.approx(0.1)
+    assert [s.step for s in got.prefill_steps] == [3] and got.prompt_tokens_computed == 500
+    assert got.prompt_cost_s == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="never produced"):
+        cp.measure_interference("x", streams, RequestRecord("l", 1.25), steps)
+
+
+def test_options_refuse_a_budget_without_room_for_the_prompt() -> None:
+    with pytest.raises(ValueError, match="leaves nothing"):
+        cp.interference_options(16, n_streams=16)
+    assert cp.interference_options(None)["max_num_batched_tokens"] == 2048
+
+
+def test_simulated_h100_spike_and_chunks() -> None:
+    off, on = cp.sim_interference(budget=None), cp.sim_interference(budget=2048)
+    assert off.spike > 10 * off.baseline_itl
+    assert on.spike < 0.5 * off.spike and len(on.prefill_steps) == math.ceil(8192 / (2048 - 40))
+    tiny = cp.sim_interference(budget=64)
+    assert tiny.long_ttft > 5 * on.long_ttft and tiny.itl_p99 < on.itl_p99
