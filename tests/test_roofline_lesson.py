@@ -139,7 +139,8 @@ def test_sweep_sizes_cover_m_1_to_4096_on_a_cpu() -> None:
 
 def test_twice_the_flops_speeds_prefill_not_decode() -> None:
     served = rl.serve_whatif({"base": get_accelerator("h100-sxm"), "2x": rl.scaled_gpu("h100-sxm", flops=2.0),
-                              "2x bw": rl.scaled_gpu("h100-sxm", bandwidth=2.0)}, num_requests=60)
+                              "2x bw": rl.scaled_gpu("h100-sxm", bandwidth=2.0)}, num_requests=60,
+                             progress=False)
     base, fast, wide = served["base"], served["2x"], served["2x bw"]
     assert fast.ttft.median < 0.75 * base.ttft.median
     assert abs(fast.tpot.median / base.tpot.median - 1) < 0.1

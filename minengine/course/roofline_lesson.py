@@ -368,13 +368,14 @@ def scaled_gpu(gpu: str | Accelerator, flops: float = 1.0, bandwidth: float = 1.
 
 
 def serve_whatif(gpus: dict[str, Accelerator], model: str = "llama-3.1-8b", num_requests: int = 300,
-                 prompt: int = 1024, output: int = 128, rate: float = 4.0, seed: int = 0) -> dict[str, Any]:
+                 prompt: int = 1024, output: int = 128, rate: float = 4.0, seed: int = 0, progress: bool = True
+                 ) -> dict[str, Any]:
     """The same Poisson workload simulated on each GPU; label -> ``RunSummary`` (TTFT, TPOT, ...)."""
     from minengine.sim import Simulator, synthetic_workload
 
     work = synthetic_workload(num_requests, rate, input_len=prompt, output_len=output, seed=seed)
     return {label: Simulator(model, acc, max_num_batched_tokens=2048).run(work).summary()
-            for label, acc in gpus.items()}
+            for label, acc in tqdm(gpus.items(), desc="simulated GPUs", total=len(gpus), disable=not progress)}
 
 
 # ------------------------------------------------------------------------------------------ plotting
