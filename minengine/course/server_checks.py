@@ -78,6 +78,21 @@ def _openai(proc: ServerProcess, model: str) -> Any:
     return openai.OpenAI(base_url=proc.url(model) + "/v1", api_key="lab3", max_retries=0, timeout=20.0)
 
 
+def _sdk(what: str, create: Callable[..., Any], kw: dict[str, Any], stream: bool = False) -> Any:
+    """One openai SDK call; whatever goes wrong (an HTTP error, a timeout, a body that is not what the SDK
+    expects) becomes an AssertionError that says what a client saw."""
+    try:
+        out = create(**kw, stream=True) if stream else create(**kw)
+        if stream:
+            out = list(out)
+    except Exception as e:  # openai.APIStatusError, APITimeoutError, a JSON error, ...
+        raise AssertionError(f"{what}: the openai SDK failed: {type(e).__name__}: {str(e)[:200]}") from None
+    if not stream and not hasattr(out, "choices"):
+        raise AssertionError(f"{what}: the SDK got {type(out).__name__} {str(out)[:80]!r}, not a completion: "
+                             "without stream, the answer is one JSON body")
+    return out
+
+
 def _short(text: str, n: int = 70) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
@@ -99,15 +114,15 @@ def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str]
     mine, theirs = _openai(srv, TINY), _openai(ref, TINY)
     for prompt in prompts:
         kw = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        want = theirs.completions.create(**kw)
-        got = mine.completions.create(**kw)
         what = f"completions.create(prompt={_short(prompt, 40)})"
+        want = theirs.completions.create(**kw)
+        got = _sdk(what, mine.completions.create, kw)
         _same_text(what, got.choices[0].text, want.choices[0].text)
         assert got.choices[0].finish_reason == want.choices[0].finish_reason, \
             f"{what}: finish_reason {got.choices[0].finish_reason!r}, the reference says {want.choices[0].finish_reason!r}"
         assert got.usage is not None and (got.usage.prompt_tokens, got.usage.completion_tokens) == \
             (want.usage.prompt_tokens, want.usage.completion_tokens), f"{what}: usage {got.usage}, expected {want.usage}"
-        chunks = list(mine.completions.create(**kw, stream=True))
+        chunks = _sdk(f"{what} with stream=True", mine.completions.create, kw, stream=True)
         _same_text(f"{what} with stream=True", "".join(c.choices[0].text for c in chunks if c.choices),
                    want.choices[0].text)
         assert len(chunks) > 1, f"{what} with stream=True: one chunk only; send each new piece of text as it comes"
@@ -121,13 +136,13 @@ def check_chat(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_t
     mine, theirs = _openai(srv, model), _openai(ref, model)
     for prompt in prompts:
         kw = {"model": model, "messages": _messages(prompt), "max_tokens": max_tokens, "temperature": 0}
-        want = theirs.chat.completions.create(**kw).choices[0]
-        got = mine.chat.completions.create(**kw).choices[0]
         what = f"chat.completions.create(user: {_short(prompt, 40)})"
+        want = theirs.chat.completions.create(**kw).choices[0]
+        got = _sdk(what, mine.chat.completions.create, kw).choices[0]
         assert got.message.role == "assistant", f"{what}: the message's role is {got.message.role!r}"
         _same_text(what, got.message.content or "", want.message.content or "")
         assert got.finish_reason == want.finish_reason, f"{what}: finish_reason {got.finish_reason!r}"
-        chunks = list(mine.chat.completions.create(**kw, stream=True))
+        chunks = _sdk(f"{what} with stream=True", mine.chat.completions.create, kw, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         _same_text(f"{what} with stream=True", text, want.message.content or "")
         assert len(chunks) > 1, f"{what} with stream=True: one chunk only; send each new piece of text as it comes"
@@ -186,7 +201,7 @@ def check_utf8(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_t
         kw = {"model": SMOL, "messages": _messages(prompt), "max_tokens": max_tokens, "temperature": 0}
         want = theirs.chat.completions.create(**kw).choices[0].message.content or ""
         what = f"SmolLM2, user: {_short(prompt, 40)}"
-        _same_text(what, mine.chat.completions.create(**kw).choices[0].message.content or "", want)
+        _same_text(what, _sdk(what, mine.chat.completions.create, kw).choices[0].message.content or "", want)
         s = read_sse(srv.url(SMOL) + "/v1/chat/completions", {**kw, "stream": True})  # strict UTF-8 per event
         assert s.status == 200, f"{what}, streamed: HTTP {s.status}"
         text = "".join((c["choices"][0].get("delta") or {}).get("content") or ""

@@ -1,0 +1,285 @@
+"""Lab 3's grading machinery: the runner, its teardown and the black-box checks, on real servers.
+
+The checks must pass the reference server itself (``minengine.server``, graded as if it were an answer)
+and fail planted servers for the right reason: one planted app misbehaves on request (a prompt with
+BUFFER is sent all at the end, NODONE ends without ``[DONE]``, IGNORE keeps running after the client
+left, HANG never answers, and bad input raises, so FastAPI answers 500), so a single subprocess covers
+them. Servers that cannot be graded at all (an import error, no ``build_app``, one that serves itself
+on its own port and never returns from import, one that uses the reference) must fail with a message
+that says why, and nothing they started may survive: no process, no listening port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minengine.course import server_checks as sc
+from minengine.course import server_grader as sg
+
+PLANTED = '''
+import asyncio
+import json
+
+from fastapi import FastAPI, Request
+from sse_starlette import EventSourceResponse
+
+from minengine import SamplingParams
+
+
+def build_app(llm, model_name):
+    app = FastAPI()
+    tok = llm.engine.tokenizer
+    tasks = set()
+
+    def stream(prompt_text, ids, max_tokens, chat):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        source = llm.generate({"prompt_token_ids": ids}, params)
+        if "IGNORE" in prompt_text:  # a background task runs the request to its end, whatever the client does
+            queue = asyncio.Queue()
+
+            async def pump(gen=source):
+                async for out in gen:
+                    await queue.put(out)
+                await queue.put(None)
+
+            task = asyncio.get_running_loop().create_task(pump())
+            tasks.add(task)
+
+            async def queued():
+                while (out := await queue.get()) is not None:
+                    yield out
+
+            source = queued()
+
+        async def events():
+            outs = source
+            if "BUFFER" in prompt_text:
+                everything = [out async for out in source]
+
+                async def replay():
+                    for out in everything:
+                        yield out
+
+                outs = replay()
+            first = True
+            async for out in outs:
+                c = out.outputs[0]
+                if not c.delta_text and not out.finished:
+                    continue
+                if chat:
+                    delta = {"role": "assistant", "content": c.delta_text} if first else {"content": c.delta_text}
+                    choice = {"index": 0, "delta": delta, "finish_reason": c.finish_reason}
+                else:
+                    choice = {"index": 0, "text": c.delta_text, "finish_reason": c.finish_reason}
+                first = False
+                kind = "chat.completion.chunk" if chat else "text_completion"
+                yield {"data": json.dumps({"id": "x", "object": kind, "choices": [choice]})}
+            yield {"data": json.dumps({"id": "x", "choices": [], "usage": {"prompt_tokens": len(ids),
+                   "completion_tokens": 99, "total_tokens": len(ids) + 99}})}
+            if "NODONE" not in prompt_text:
+                yield {"data": "[DONE]"}
+
+        return EventSourceResponse(events(), sep="\\n")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        if "HANG" in body["prompt"]:
+            await asyncio.Event().wait()
+        return stream(body["prompt"], tok.encode(body["prompt"]), body["max_tokens"], False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        text = tok.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        return stream(body["messages"][-1]["content"], tok.encode(text, add_special_tokens=False),
+                      body["max_tokens"], True)
+
+    return app
+'''
+
+
+def start(tmp_path: Path, source: str, name: str = "planted.py", limit: float = sg.STARTUP_LIMIT_S
+          ) -> sg.ServerProcess:
+    path = tmp_path / name
+    path.write_text(source)
+    return sg.ServerProcess(path, (sg.TINY,), startup_limit_s=limit).start()
+
+
+def assert_nothing_left(pid: int, port: int | None = None) -> None:
+    """The runner's process group is gone and its port (if it had one) no longer accepts connections."""
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    if port is not None:
+        with socket.socket() as s, pytest.raises(OSError):
+            s.settimeout(1)
+            s.connect(("127.0.0.1", port))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    proc = sg.ServerProcess(None, (sg.TINY,)).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory):
+    proc = start(tmp_path_factory.mktemp("planted"), PLANTED)
+    yield proc
+    proc.stop()
+
+
+# ------------------------------------------------------------------------------------ own code, please
+@pytest.mark.parametrize("source", [
+    "from minengine.server import create_app",
+    "import minengine.server.app as app",
+    "from minengine import server",
+    "from minengine.cli import serve",
+    "from minengine.bench.client import run_benchmark",
+    "from minengine.course.autocheck import quiet",
+    "m = __import__('minengine.ser' + 'ver')",
+    "import importlib\nm = importlib.import_module('minengine.bench')",
+])
+def test_an_answer_reaching_for_the_reference_is_found(source: str) -> None:
+    assert sg.forbidden_imports(source)
+
+
+def test_an_answer_over_async_llm_is_its_own() -> None:
+    source = ("import json\nfrom fastapi import FastAPI\nfrom minengine import SamplingParams\n"
+              "from minengine.engine.async_llm import AsyncLLM\nx = 'minengine.engine is fine'\n")
+    assert sg.forbidden_imports(source) == []
+
+
+# ----------------------------------------------------------------------------- the reference passes
+def test_the_reference_server_passes_every_check_against_itself(reference: sg.ServerProcess) -> None:
+    sc.check_completions(reference, reference, ["Once upon a time"], max_tokens=12)
+    sc.check_chat(reference, reference, ["Tell me a story."], max_tokens=12)
+    sc.check_sse_framing(reference, "Once upon a time")
+    sc.check_no_buffering(reference, "Once upon a time")
+    sc.check_concurrency(reference, reference, [f"Story {i}: one day" for i in range(32)], max_tokens=8)
+    sc.check_disconnect(reference, "Once upon a time")
+    sc.check_bad_input(reference, [
+        {"path": "/v1/completions", "raw": "{nope", "why": "bad JSON"},
+        {"path": "/v1/completions", "body": {"model": sg.TINY, "prompt": "hi", "max_tokens": 0}, "why": "0 tokens"},
+        {"path": "/v1/chat/completions", "body": {"model": sg.TINY, "messages": []}, "why": "no messages"},
+    ])
+    state = reference.control("state")
+    assert state["unfinished"] == 0 and state["used_blocks"] == 0 and state["delay"] == 0
+
+
+def test_a_streaming_client_agrees_with_the_records_and_a_waiting_one_does_not(reference: sg.ServerProcess) -> None:
+    import httpx
+
+    def streaming(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        times = []
+        start = time.perf_counter()
+        with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
+                    times.append(time.perf_counter())
+        return {"ttft_s": times[0] - start, "itl_s": [b - a for a, b in zip(times, times[1:], strict=False)]}
+
+    def waiting(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
+        start = time.perf_counter()
+        r = httpx.post(base_url + "/v1/completions", timeout=30,
+                       json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        return {"ttft_s": time.perf_counter() - start, "itl_s": [0.0] * (r.json()["usage"]["completion_tokens"] - 1)}
+
+    sc.check_client(streaming, reference, "Once upon a time", max_tokens=16)
+    with pytest.raises(AssertionError, match="your TTFT is"):
+        sc.check_client(waiting, reference, "Once upon a time", max_tokens=16)
+
+
+# ------------------------------------------------------------------------ planted servers fail right
+def test_planted_misbehaviour_fails_the_check_that_looks_for_it(planted: sg.ServerProcess) -> None:
+    planted.url()
+    sc.check_no_buffering(planted, "Once upon a time")  # the same server streams what it should stream
+    with pytest.raises(AssertionError, match="buffered"):
+        sc.check_no_buffering(planted, "Once upon a time BUFFER")
+    sc.check_sse_framing(planted, "Tell me a story.")
+    with pytest.raises(AssertionError, match=r"\[DONE\]"):
+        sc.check_sse_framing(planted, "Tell me a story. NODONE")
+    sc.check_disconnect(planted, "Once upon a time")
+    with pytest.raises(AssertionError, match="still runs 1 request"):
+        sc.check_disconnect(planted, "Once upon a time IGNORE")
+    with pytest.raises(AssertionError, match="HTTP 500"):
+        sc.check_bad_input(planted, [{"path": "/v1/completions", "raw": "{nope", "why": "bad JSON"}])
+    start_t = time.monotonic()
+    with pytest.raises(AssertionError, match="no answer within 8 s"):
+        sc.check_bad_input(planted, [{"path": "/v1/completions", "body": {"prompt": "HANG"}, "why": "a hang"}])
+    assert time.monotonic() - start_t < 12
+
+
+def test_a_server_that_always_streams_fails_the_sdk_check_with_a_clear_message(planted: sg.ServerProcess,
+                                                                               reference: sg.ServerProcess) -> None:
+    with pytest.raises(AssertionError, match="without stream, the answer is one JSON body"):
+        sc.check_completions(planted, reference, ["Once upon a time"], max_tokens=8)
+
+
+# ----------------------------------------------------------------- servers that cannot be graded
+@pytest.mark.parametrize(("source", "message"), [
+    ("from fastapi import FastAPi\n", "did not start: ImportError"),
+    ("x = 1\n", "defines no build_app"),
+    ("def build_app(llm, model_name):\n    raise NotImplementedError('replace this line')\n",
+     "build_app.*raised NotImplementedError"),
+])
+def test_a_server_that_does_not_start_says_why_at_once(tmp_path: Path, source: str, message: str) -> None:
+    proc = start(tmp_path, source)
+    pid, begun = proc.proc.pid, time.monotonic()
+    with pytest.raises(sg.ServerProblem, match=message):
+        proc.url()
+    assert time.monotonic() - begun < 30
+    with pytest.raises(sg.ServerProblem, match=message):  # later cells get the same answer at once
+        proc.url()
+    assert_nothing_left(pid)
+
+
+def test_a_server_on_its_own_port_is_stopped_and_leaves_nothing(tmp_path: Path) -> None:
+    source = ("import uvicorn\nfrom fastapi import FastAPI\napp = FastAPI()\n"
+              "uvicorn.run(app, host='127.0.0.1', port=0)  # never returns: the grader's port is never served\n")
+    proc = start(tmp_path, source, limit=20)
+    pid = proc.proc.pid
+    with pytest.raises(sg.ServerProblem, match="stuck while importing the answer.*uvicorn.run"):
+        proc.url()
+    assert proc.proc is None
+    assert_nothing_left(pid)
+
+
+def test_an_answer_using_the_reference_scores_nothing(tmp_path: Path) -> None:
+    source = ("from minengine.server import create_app\n\n"
+              "def build_app(llm, model_name):\n    return create_app(llm, served_model_name=model_name)\n")
+    proc = start(tmp_path, source)
+    try:
+        proc.url()
+        with pytest.raises(sg.ServerProblem, match="reference server"):
+            proc.check_own_code()
+    finally:
+        pid, port = proc.proc.pid, int(proc.url().rsplit(":", 1)[1])
+        proc.stop()
+    assert_nothing_left(pid, port)
+
+
+def test_a_runner_does_not_outlive_the_kernel_that_started_it(tmp_path: Path) -> None:
+    """The kernel dies without stopping its server (SIGKILL, say): the runner notices and exits."""
+    script = ("import os, sys\nfrom minengine.course import server_grader as sg\n"
+              "p = sg.ServerProcess(None, (sg.TINY,)).start()\nprint(p.proc.pid, flush=True)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pid, 9)
+    raise AssertionError("the runner outlived its parent by 20 s")
