@@ -1,10 +1,11 @@
-"""Lesson 00 runs top to bottom in JupyterLab in Chromium, and every cell ends without an error.
+"""Lessons 00 and 01 run top to bottom in JupyterLab in Chromium, and every cell ends without an error.
 
 ``tests/test_lessons.py`` runs the same notebooks through nbclient; this is the learner's path: the page
 loads, the kernel starts, Run All Cells runs everything, plots and widgets render. A lesson that only
 breaks in the browser (a widget that fails to render, a cell that needs ``await`` in a front end, a
-progress bar that writes to stderr) shows up here and in the screenshots. Lesson 04 has the same check in
-``test_browser_lesson04.py``, next to its widget's tests (one run serves both).
+progress bar that writes to stderr) shows up here and in the screenshots. Lessons 03 and 04 have the same
+check in their own files, next to their widgets' tests (one run serves both); lesson 01's widget is driven
+from the browser in ``test_browser_experiment_widget.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from jlab_helpers import (
     scroll_to_cell,
 )
 
+from minengine.course.claims import FAILED_MARKER
+
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
 def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None:
@@ -37,6 +40,7 @@ def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
     check_clean("lesson 00", finished, cells)
     plots = cells_with_images(cells)
     assert plots, "lesson 00 drew no plot"
+    check_claims("lesson 00", cells)
     # The picture of the lesson: the pause (prefill) and the stream (decode), as the learner sees it.
     try:
         scroll_to_cell(page, find_cell(cells, r"the pause and the stream"))
@@ -44,3 +48,41 @@ def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
         scroll_to_cell(page, plots[-1])
     expect_visible_image(page)
     screenshot(page, "lesson00_run_all")
+
+
+@pytest.mark.timeout(RUN_ALL_S + 120)
+def test_lesson_01_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None:
+    path = "lessons/01_two_phases.ipynb"
+    if not (lab_server.root / path).exists():
+        pytest.skip(f"{path} is not in the course (yet)")
+    open_notebook(page, lab_server, path)
+    finished = run_all(page, RUN_ALL_S)
+    cells = notebook_cells(page)
+    check_clean("lesson 01", finished, cells)
+    plots = cells_with_images(cells)
+    assert len(plots) >= 3, f"lesson 01 drew plots in {len(plots)} cells (prefill, decode, latency)"
+    # The decode curve against the roofline from this machine's measured bandwidth and peak.
+    check_claims("lesson 01", cells)
+    show_output(page, find_cell(cells, r"decode step time vs batch"))
+    screenshot(page, "lesson01_decode_roofline")
+    show_output(page, find_cell(cells, r"prefill time vs prompt length"))
+    screenshot(page, "lesson01_prefill")
+
+
+def check_claims(name: str, cells: list[dict]) -> None:
+    """The lesson's claim checks ran and printed, and none that must hold failed in this run."""
+    text = "".join("".join(o.get("text", "")) for c in cells for o in c["outputs"]
+                   if o.get("output_type") == "stream")
+    assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
+    assert FAILED_MARKER not in text, f"{name}: a must-hold claim failed in the browser run"
+
+
+def show_output(page: Any, index: int) -> None:
+    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
+    scroll_to_cell(page, index)
+    page.evaluate("""i => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
+    }""", index)
+    page.wait_for_timeout(300)
+    expect_visible_image(page)
