@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 # Optional extra index for torch (e.g. PyTorch's CPU-only or CUDA wheel index); empty = PyPI.
 TORCH_INDEX ?=
-EXTRAS ?= course,server,dev
+EXTRAS ?= course,server,dev,book
 # Extra arguments for JupyterLab, e.g. make course ARGS="--no-browser --port 8890"
 ARGS ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k kvcalc"
@@ -37,6 +37,7 @@ help:
 	@echo "make validate NB=path/to/lab.ipynb   check a lab or quiz (exits non-zero on failure)"
 	@echo "make grade NB=path/to/lab.ipynb      self-paced: grade it with the hidden tests and open the feedback"
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
+	@echo "make book     the course as a static HTML site with the lessons' outputs (build/book/_build/html/)"
 
 setup: $(STAMP)
 
@@ -86,6 +87,13 @@ validate: $(STAMP)
 
 grade: $(STAMP)
 	$(PY) -m minengine.course grade $(NB)
+
+# The course as a static site (Jupyter Book): lessons with their outputs, taken from the executed copies
+# `make test` leaves in build/executed/lessons/ (lessons without one are run here first), a landing page
+# and the labs' student versions. Open build/book/_build/html/index.html from disk or serve the folder.
+.PHONY: book
+book: $(STAMP)
+	$(PY) -m minengine.course.book
 
 lint: $(STAMP)
 	$(PY) -m ruff check minengine tests scripts

@@ -56,6 +56,17 @@ def test_lesson_runs_headless(path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     failed = failed_claims(nb)
     assert not failed, f"{path.name}: must-hold claims failed on this run:\n" + "\n".join(failed)
     assert seconds < HARD_LIMIT_S, f"{path.name} took {seconds:.0f} s headless"
+    keep_executed(nb, path)
+
+
+def keep_executed(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Keep the executed copy for the book (``make book`` shows its outputs, not a second run), with
+    the machine it ran on (minengine/course/book.py)."""
+    from minengine.course.book import EXECUTED_DIR, record_machine
+
+    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, EXECUTED_DIR / path.name)
+    record_machine(EXECUTED_DIR)
 
 
 def failed_claims(nb: nbformat.NotebookNode) -> list[str]:
