@@ -102,10 +102,14 @@ def execute_lessons(lessons: Sequence[Path], folder: Path = EXECUTED_DIR, timeou
     for path in lessons:
         print(f"executing {path.name} ...", flush=True)
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+        except Exception as exc:  # one broken lesson must not take the whole site down
+            print(f"  {path.name} failed ({type(exc).__name__}); its page shows no outputs", flush=True)
+            continue
         nbformat.write(nb, folder / path.name)
-    record_machine(folder)
+        record_machine(folder)
 
 
 def stage_lesson(path: Path, executed_dir: Path, dst: Path) -> bool:
@@ -201,6 +205,7 @@ def stage(stage_dir: Path = STAGE_DIR, executed_dir: Path = EXECUTED_DIR, lesson
     (stage_dir / "lessons").mkdir(parents=True)
     (stage_dir / "labs").mkdir()
     shutil.copy2(BOOK_DIR / "_config.yml", stage_dir / "_config.yml")
+    shutil.copytree(BOOK_DIR / "_static", stage_dir / "_static")
     lessons = sorted(lessons_dir.glob("*.ipynb"))
     executed = [p.stem for p in lessons if stage_lesson(p, executed_dir, stage_dir / "lessons" / p.name)]
     work = graded_work()
