@@ -21,7 +21,9 @@ def split_by_phase(requests: Sequence[Request]) -> tuple[list[Request], list[Req
     decodes: list[Request] = []
     prefills: list[Request] = []
     for r in requests:
-        (prefills if r.is_prefill else decodes).append(r)
+        # ``r.is_prefill``, inlined: this runs for every running request at every step
+        n, p = len(r.token_ids) - 1, r.num_prompt_tokens
+        (prefills if r.num_computed_tokens < (p if p > n else n) else decodes).append(r)
     return decodes, prefills
 
 

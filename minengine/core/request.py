@@ -122,24 +122,28 @@ class Request:
         return min(max_model_len, self.num_prompt_tokens + max_tokens)
 
     # ---- updates ----
-    def append_output_token(self, token_id: int, now: float) -> None:
-        self.token_ids.append(int(token_id))
+    def append_output_token(self, token_id: int, now: float, max_model_len: int | None = None) -> RequestStatus | None:
+        """Append a sampled token; with ``max_model_len``, also return the finished status it causes (or
+        None): EOS, a stop token id, max_tokens, the context limit (stop strings: see the engine). One
+        call, not two: the scheduler makes it for every running request at every step."""
+        token_ids = self.token_ids
+        last = int(token_id)
+        token_ids.append(last)
+        num_output = len(token_ids) - self.num_prompt_tokens
         record = self.record
         record.token_times.append(now)
-        record.num_output_tokens = len(self.token_ids) - self.num_prompt_tokens
-
-    def check_stop(self, max_model_len: int) -> RequestStatus | None:
-        """After appending a token: the finished status it causes, or None (stop strings: see engine)."""
-        params, last = self.sampling_params, self.token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
+        record.num_output_tokens = num_output
+        if max_model_len is None:
+            return None
+        params = self.sampling_params
+        if last in self.eos_token_ids and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if last in params.stop_token_ids:  # type: ignore[operator]  # a list after __post_init__
+        if params.stop_token_ids and last in params.stop_token_ids:
             self.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-        num_tokens = len(self.token_ids)
-        if params.max_tokens is not None and num_tokens - self.num_prompt_tokens >= params.max_tokens:
+        if params.max_tokens is not None and num_output >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        if num_tokens >= max_model_len:
+        if len(token_ids) >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

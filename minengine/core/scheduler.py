@@ -171,31 +171,39 @@ class Scheduler:
         if self.policy.admits_in_queue_order:  # only the head of the queue could be admitted this step
             waiting = list(itertools.islice(self.waiting, max(0, self.max_num_seqs - len(self.running))))
 
+        # Locals and inlined properties: this loop runs for every running request at every step.
+        running_status, policy_sizes = RequestStatus.RUNNING, self._policy_sizes
+        decode_with_prefill = self.policy.decode_with_prefill
+        append = out.scheduled.append
         for req in self.policy.order(self.running, waiting):
             if budget == 0:
                 break
-            if req.status == RequestStatus.RUNNING:
+            if req.status is running_status:
                 if req.request_id in scheduled:
                     continue
-                is_prefill = req.is_prefill  # allocation below does not change it
-                if not is_prefill and prefill_scheduled and not self.policy.decode_with_prefill:
+                num_tokens, computed, num_prompt = len(req.token_ids), req.num_computed_tokens, req.num_prompt_tokens
+                # req.is_prefill (allocation below does not change it)
+                is_prefill = computed < (num_prompt if num_prompt > num_tokens - 1 else num_tokens - 1)
+                if not is_prefill and prefill_scheduled and not decode_with_prefill:
                     continue
-                num_new = min(len(req.token_ids) - req.num_computed_tokens, budget)
-                if self._policy_sizes:
-                    num_new = self._policy_tokens(req, len(req.token_ids) - req.num_computed_tokens, budget)
+                num_new = num_tokens - computed
+                if num_new > budget:
+                    num_new = budget
+                if policy_sizes:
+                    num_new = self._policy_tokens(req, num_tokens - computed, budget)
                     if not num_new:
                         continue
                 # Most decode steps fit in the last block already: no allocation to ask for.
-                fits = req.num_computed_tokens + num_new <= len(req.block_table) * block_size
-                while not fits and not bm.allocate_slots(req, num_new):
-                    victims = [r for r in self.running if r.request_id not in scheduled]
-                    victim = self.policy.select_victim(victims)
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if victim is req:
-                        break
-                if req.status != RequestStatus.RUNNING:
-                    continue  # it preempted itself
+                if computed + num_new > len(req.block_table) * block_size:
+                    while not bm.allocate_slots(req, num_new):
+                        victims = [r for r in self.running if r.request_id not in scheduled]
+                        victim = self.policy.select_victim(victims)
+                        self._preempt(victim)
+                        preempted.append(victim)
+                        if victim is req:
+                            break
+                    if req.status is not running_status:
+                        continue  # it preempted itself
             elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 # Includes requests preempted earlier in this loop: nothing is admitted after a preemption.
                 if not admitting or preempted or len(self.running) >= self.max_num_seqs:
@@ -221,8 +229,8 @@ class Scheduler:
                 is_prefill = req.is_prefill
             else:
                 continue  # finished (aborted) after the policy ordered it
-            sample = req.num_computed_tokens + num_new == req.num_tokens
-            out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens, is_prefill, sample))
+            start = req.num_computed_tokens
+            append(ScheduledRequest(req, num_new, start, is_prefill, start + num_new == len(req.token_ids)))
             scheduled.add(req.request_id)
             budget -= num_new
             prefill_scheduled |= is_prefill
@@ -246,18 +254,19 @@ class Scheduler:
         finished = []
         running, max_model_len = RequestStatus.RUNNING, self.max_model_len
         bm, bs = self.block_manager, self.block_manager.block_size
+        get_token = sampled_token_ids.get
         for s in output.scheduled:
             req = s.request
             if req.status is not running:
                 continue  # aborted while the step ran
-            req.num_computed_tokens += s.num_tokens
-            if (s.start + s.num_tokens) // bs > s.start // bs:  # a block filled up: cache it
+            start, n = s.start, s.num_tokens
+            req.num_computed_tokens += n
+            if (start + n) // bs > start // bs:  # a block filled up: cache it
                 bm.cache_blocks(req)
-            token = sampled_token_ids.get(req.request_id)
+            token = get_token(req.request_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end of the prompt
-            req.append_output_token(token, now)
-            status = req.check_stop(max_model_len)
+            status = req.append_output_token(token, now, max_model_len)
             if stop_checker is not None:
                 stop = stop_checker(req, status is not None)
                 if stop is not None:  # a stop string wins over a length stop in the same token (as vLLM)

@@ -51,12 +51,14 @@ class RooflineExecutor:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """A dummy token for every request that samples; the step takes ``step_time`` seconds."""
-        sampled = {s.request_id: DUMMY_TOKEN for s in scheduler_output.scheduled if s.sample}
-        if self.eos_at:
-            for s in scheduler_output.scheduled:
-                n = self.eos_at.get(s.request_id) if s.sample else None
-                if n is not None and s.request.num_output_tokens + 1 >= n:
-                    sampled[s.request_id] = EOS_TOKEN
+        sampled: dict[str, int] = {}
+        eos_at = self.eos_at
+        for s in scheduler_output.scheduled:  # one pass: this runs once per request per simulated step
+            if s.sample:
+                req = s.request
+                n = eos_at.get(req.request_id)
+                eos = n is not None and len(req.token_ids) - req.num_prompt_tokens + 1 >= n
+                sampled[req.request_id] = EOS_TOKEN if eos else DUMMY_TOKEN
         return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output))
 
     def step_time(self, output: SchedulerOutput) -> float:
