@@ -89,13 +89,14 @@ def _stop_group(proc: subprocess.Popen, term_wait: float = 15.0) -> None:
 class ServerProcess:
     """``minengine serve`` on ``127.0.0.1:<free port>``; ``with ServerProcess() as s: s.base_url``.
 
-    ``model`` is what ``minengine serve --model`` takes (None: the shipped model); ``args`` are more
-    command-line flags (e.g. ``["--num-blocks", "64", "--no-prefix-caching"]``). ``command`` replaces
+    ``model`` is what ``minengine serve --model`` takes (default: the shipped tiny model, for speed;
+    None leaves the choice to ``minengine serve``, which prefers SmolLM2-135M when installed); ``args``
+    are more command-line flags (e.g. ``["--num-blocks", "64", "--no-prefix-caching"]``). ``command`` replaces
     the whole command line (``{port}`` and ``{host}`` are filled in), to run another OpenAI-compatible
     server the same way.
     """
 
-    def __init__(self, model: str | None = None, *, args: Sequence[str] = (), port: int | None = None,
+    def __init__(self, model: str | None = "tinystories-4m", *, args: Sequence[str] = (), port: int | None = None,
                  host: str = LOCALHOST, threads: int | None = 1, log_level: str = "warning",
                  startup_timeout: float = 120.0, command: Sequence[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
