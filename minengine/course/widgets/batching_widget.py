@@ -130,7 +130,8 @@ class BatchingWidget:
         rate = "all queued at once" if math.isinf(p.rate) else f"Poisson at {p.rate:g} req/s"
         return (f"{SIM_MODEL} on a simulated {GPU_CHOICES[self.gpu.value]}, {SCHEDULERS[p.label]} batching, "
                 f"max_num_seqs {p.max_num_seqs}: {s.num_requests} requests, {rate}.\n"
-                f"throughput {s.output_throughput:,.0f} output tokens/s ({s.request_throughput:.1f} req/s); "
+                f"throughput {p.backlog_tok_s:,.0f} output tokens/s while requests queued "
+                f"({s.output_throughput:,.0f} over the whole run, its drain included); "
                 f"TTFT p50 {_ms(s.ttft.median)}, p99 {_ms(s.ttft.p99)}; TPOT p50 {_ms(s.tpot.median)}, "
                 f"p99 {_ms(s.tpot.p99)}.\n"
                 f"batch: {o.mean_running:.1f} requests per step on average; empty slots while requests "
@@ -161,14 +162,14 @@ class BatchingWidget:
         same = [q for gpu, q in self.history if gpu == self.gpu.value]
         for q in same:
             mine = q is p
-            ax.plot([1000 * q.summary.tpot.median], [q.summary.output_throughput], "o", color=COLORS[q.label],
+            ax.plot([1000 * q.summary.tpot.median], [q.backlog_tok_s], "o", color=COLORS[q.label],
                     markersize=8 if mine else 5, markeredgecolor="k" if mine else "none")
-            ax.annotate(str(q.max_num_seqs), (1000 * q.summary.tpot.median, q.summary.output_throughput),
+            ax.annotate(str(q.max_num_seqs), (1000 * q.summary.tpot.median, q.backlog_tok_s),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
         for name, color in COLORS.items():
             ax.plot([], [], "o", color=color, label=name)
-        ax.set(xlabel="median TPOT (ms)", ylabel="output tokens/s",
-               title=f"your settings so far ({GPU_CHOICES[self.gpu.value]}; labels: max_num_seqs)")
+        ax.set(xlabel="median TPOT (ms)", ylabel="output tokens/s (while queued)",
+               title="your settings so far (labels: max_num_seqs)")
         ax.set_xlim(0, None)
         ax.set_ylim(0, None)
         ax.legend(fontsize=8, loc="lower right")

@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from minengine.course.chunked_prefill_lesson import SIM_MAX_LEN, SIM_MODEL, Interference, sim_interference
-from minengine.course.widgets.latency_widget import GPU_CHOICES
+from minengine.course.widgets.latency_widget import GPU_CHOICES, _plain_log_ticks
 
 BUDGET_CHOICES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 POLICIES = {"decode_first": "decode-first (vLLM V1)", "prefill_first": "prefill-first (vLLM V0)"}
@@ -153,8 +153,10 @@ class ChunkingWidget:
             ax.annotate(h.label, (1000 * h.itl_p99, 1000 * h.long_ttft), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
         ax.set(xscale="log", yscale="log", xlabel="streams' ITL p99 (ms)", ylabel="long prompt's TTFT (ms)",
-               title="your budgets so far (same GPU, streams, prompt, policy)")
+               title="your budgets so far (this scenario)")
         ax.margins(0.3)
+        _plain_log_ticks(ax.xaxis)
+        _plain_log_ticks(ax.yaxis)
         buffer = io.BytesIO()
         self.figure.savefig(buffer, format="png")
         self.plot.value = buffer.getvalue()
