@@ -113,7 +113,7 @@ class GoodputWidget:
             ax.axvline(self.goodput, color="tab:green", linestyle="--", label=f"goodput {self.goodput:.1f} req/s")
         ax.set(xlabel="request rate (req/s)", ylabel="% of requests", ylim=(-3, 103),
                title="SLO attainment of the measured sweep")
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="best")
         buffer = io.BytesIO()
         self.figure.savefig(buffer, format="png")
         self.plot.value = buffer.getvalue()
