@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 POLICY_NAMES = ("decode_first", "prefill_first")
+ATTENTION_BACKENDS = ("gather", "flex")  # see minengine.models.attention / paged_decode
 # CPU/MPS have no "free memory" query worth trusting, so the KV cache gets a fixed budget there (it is
 # also capped at what max_num_seqs sequences of max_model_len tokens could ever use).
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -49,6 +50,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     policy: Any = "decode_first"  # "decode_first" | "prefill_first" | a SchedulingPolicy object
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
+    # The fast path (minengine.engine.fast_path): None = on for CUDA, off elsewhere (the reference path).
+    enforce_eager: bool | None = None  # True: no CUDA graphs (vLLM's name); None: graphs on CUDA with flex only
+    attention_backend: str | None = None  # "gather" (reference) | "flex" (paged in place); None: by device
+    cudagraph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,... max_num_seqs
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -67,6 +72,17 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True, False or None, got {self.enforce_eager!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"unknown attention_backend {self.attention_backend!r}: use one of "
+                f"{', '.join(ATTENTION_BACKENDS)} (or None to pick by device)"
+            )
+        if self.cudagraph_capture_sizes is not None:
+            sizes = list(self.cudagraph_capture_sizes)
+            if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+                raise ValueError(f"cudagraph_capture_sizes must be positive ints, got {self.cudagraph_capture_sizes!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if isinstance(self.policy, str):

@@ -26,6 +26,7 @@ from minengine.core.request import Request
 from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
+from minengine.engine.fast_path import make_model_runner, plan_fast_path
 from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
 from minengine.engine.model_runner import ModelRunner
 from minengine.engine.outputs import CompletionOutput, RequestOutput
@@ -71,11 +72,16 @@ class LLMEngine:
         )
 
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
+        plan = plan_fast_path(self.config, self.device)  # the reference path on CPU unless asked
         self.kv_cache = PagedKVCache.allocate(
-            self.model_config, num_blocks, self.config.block_size, self.dtype, self.device
+            self.model_config, num_blocks + plan.extra_blocks, self.config.block_size, self.dtype, self.device
         )
+        self.kv_cache.num_blocks = num_blocks  # the scheduler's blocks; a fast path's scratch block is extra
         self.scheduler = Scheduler(self.config, num_blocks)
-        self.model_runner = ModelRunner(model, self.kv_cache, self.device, Sampler(self.config.seed, self.device))
+        sampler = Sampler(self.config.seed, self.device)
+        self.model_runner: ModelRunner = make_model_runner(
+            model, self.kv_cache, self.device, sampler, self.config, plan
+        )
         self.engine_core = EngineCore(
             self.scheduler, self.model_runner, clock=time.perf_counter, stop_checker=self._check_stop_string
         )

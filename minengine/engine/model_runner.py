@@ -11,12 +11,18 @@ token carries its own position, and ``AttentionMetadata`` says where each reques
 long its context is, and which cache slot each new K/V goes to. Logits are computed only for the last
 token of requests that reach the end of their tokens in this step: a partial prefill chunk samples
 nothing, and skipping its rows saves a [tokens, vocab] matmul.
+
+The fast path (``minengine.engine.fast_path``, on by default on CUDA) plugs in here without changing
+the interface: an all-decode step that fits a captured size replays a CUDA graph, and with
+``attention_backend="flex"`` the decodes of any step read the paged cache in place. With neither
+(the CPU default) the reference path runs exactly as before.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +31,9 @@ from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.engine.kv_cache import PagedKVCache
 from minengine.engine.sampler import Sampler
 from minengine.models.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from minengine.engine.fast_path import DecodeGraphRunner, DecodeInputs
 
 
 @dataclass
@@ -44,25 +53,45 @@ class ModelRunner:
     """Runs the model on a ``SchedulerOutput`` against the paged KV cache, then samples."""
 
     def __init__(
-        self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler
+        self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
+        *, attention_backend: str = "gather", graph_runner: DecodeGraphRunner | None = None,
+        pad_block: int | None = None, max_blocks_per_seq: int | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
         self.sampler = sampler
+        self.attention_backend = attention_backend  # "gather": reference; "flex": decodes in place
+        self.graph_runner = graph_runner  # None: no CUDA graphs (enforce_eager)
+        self.pad_block = pad_block  # the scratch KV block padding rows write to (fast path only)
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.num_graph_steps = 0  # steps served by a graph replay
+        # How the phase times in each StepRecord were taken (the record has no field for it).
+        self.timing_method = ("torch.cuda.synchronize() before each perf_counter() read"
+                              if device.type == "cuda" else "perf_counter() (CPU work is synchronous)")
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: prepare, forward, sample; phase times go into the step's record."""
         for request_id in scheduler_output.finished_req_ids:
             self.sampler.free(request_id)
         t0 = self._clock()
-        inputs = self.prepare_inputs(scheduler_output)
-        t1 = self._clock()
-        logits = self.forward(inputs)
+        graph_step = self._graph_step(scheduler_output)
+        if graph_step is not None:
+            sampled_reqs, decode_inputs, rows = graph_step
+            assert self.graph_runner is not None
+            bucket = self.graph_runner.load(decode_inputs)
+            t1 = self._clock()
+            logits = self._graph_forward(bucket, len(decode_inputs.input_ids), rows)
+            self.num_graph_steps += 1
+        else:
+            inputs = self.prepare_inputs(scheduler_output)
+            sampled_reqs = inputs.sampled
+            t1 = self._clock()
+            logits = self.forward(inputs)
         t2 = self._clock()
-        tokens = self.sampler(logits, [s.request for s in inputs.sampled])
+        tokens = self.sampler(logits, [s.request for s in sampled_reqs])
         t3 = self._clock()
-        sampled = {s.request_id: tok for s, tok in zip(inputs.sampled, tokens, strict=True)}
+        sampled = {s.request_id: tok for s, tok in zip(sampled_reqs, tokens, strict=True)}
         return ModelRunnerOutput(sampled, timings={"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2})
 
     def _clock(self) -> float:
@@ -93,6 +122,8 @@ class ModelRunner:
         meta = AttentionMetadata.build(
             query_lens, seq_lens, tables, self.kv_cache.block_size, device=self.device
         )
+        if self.attention_backend != "gather":
+            self._attach_decode_batch(meta)
         return ModelInput(
             input_ids=_to_device(ids, self.device),
             positions=_to_device(positions, self.device),
@@ -108,6 +139,63 @@ class ModelRunner:
         if not inputs.sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.logits_indices]).float()
+
+    # ---- the fast path ----
+    def _graph_step(
+        self, output: SchedulerOutput
+    ) -> tuple[list[ScheduledRequest], DecodeInputs, list[int]] | None:
+        """An all-decode step that fits a captured graph, as (sampled, its inputs, logits rows); else None."""
+        runner = self.graph_runner
+        if runner is None or not output.scheduled or not runner.can_run(len(output.scheduled)):
+            return None
+        if any(s.num_tokens != 1 for s in output.scheduled):
+            return None
+        from minengine.engine.fast_path import DecodeInputs
+
+        bs = self.kv_cache.block_size
+        inputs = DecodeInputs([], [], [], [], [])
+        rows, sampled = [], []
+        for i, s in enumerate(output.scheduled):
+            req, pos = s.request, s.start
+            inputs.input_ids.append(req.token_ids[pos])
+            inputs.positions.append(pos)
+            inputs.slots.append(req.block_table[pos // bs] * bs + pos % bs)
+            inputs.block_tables.append(req.block_table)
+            inputs.seq_lens.append(pos + 1)
+            if s.sample:
+                rows.append(i)
+                sampled.append(s)
+        return sampled, inputs, rows
+
+    @torch.inference_mode()
+    def _graph_forward(self, bucket: int, n: int, rows: list[int]) -> torch.Tensor:
+        assert self.graph_runner is not None
+        hidden = self.graph_runner.replay(bucket, n)
+        if not rows:
+            return hidden.new_empty((0, 0), dtype=torch.float32)
+        index = _to_device(rows, self.device)
+        return self.model.compute_logits(hidden[index]).float()
+
+    def _attach_decode_batch(self, meta: AttentionMetadata) -> None:
+        """Give the step's decodes a ``DecodeBatch`` (padded to a graph size, so compiled kernels see few
+        shapes), so attention reads them in place; prefill chunks keep the reference path."""
+        from minengine.engine.fast_path import MAX_CAPTURE_SIZE, bucket_for, capture_sizes
+        from minengine.models.paged_decode import build_decode_batch
+
+        assert meta.block_tables is not None
+        rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        if not rows:
+            return
+        pad_to = None
+        if self.pad_block is not None:
+            pad_to = bucket_for(len(rows), capture_sizes(MAX_CAPTURE_SIZE)) or len(rows)
+        batch = build_decode_batch(
+            [meta.block_tables[i] for i in rows], [meta.seq_lens[i] for i in rows], meta.block_size,
+            int(self.kv_cache.kv_caches[0][0].shape[0]), backend=self.attention_backend,
+            width=self.max_blocks_per_seq, pad_to=pad_to, pad_block=self.pad_block, device=self.device,
+        )
+        batch.rows = _to_device(rows, self.device)
+        meta.decode_batch = batch
 
 
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:

@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from minengine.models.paged_decode import DecodeBatch
+
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 # `enable_gqa` lets SDPA broadcast K/V heads itself (torch >= 2.5); older torch repeats them.
@@ -51,6 +53,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None = None
     block_tables: list[list[int]] | None = None
     block_size: int = 16
+    # The fast path's decodes (rows decode_batch.rows), attended in place; None: the reference path.
+    decode_batch: DecodeBatch | None = field(default=None, repr=False, compare=False)
     # Filled by prepare(): decode groups per sliding window (None = full attention), and each prefill
     # sequence's context slots (by its index in the batch).
     decode_groups: dict[int | None, list[DecodeGroup]] = field(default_factory=dict, init=False, repr=False,
@@ -100,6 +104,8 @@ class AttentionMetadata:
             return
         query_lens = self.query_lens
         decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+        if self.decode_batch is not None:  # the fast path attends the decodes: no gather indices
+            decode_rows = []
         for window in set(sliding_windows):
             if window not in self.decode_groups:
                 self.decode_groups[window] = _decode_groups(self, decode_rows, device, window)
@@ -288,6 +294,9 @@ def paged_attention(
     v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
 
     meta.prepare(q.device, (sliding_window,))  # a no-op when the model prepared it for every layer
+    fast = meta.decode_batch
+    if fast is not None and fast.rows is not None:  # the fast path: read the blocks in place
+        out[fast.rows] = fast.attend(q[fast.rows], k_cache, v_cache, scale, sliding_window).to(out.dtype)
     # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.
     # index_select, not k_flat[slots]: on a CPU it copies whole rows and is 2-4x faster.
     for starts, slots, mask in meta.decode_groups[sliding_window]:
