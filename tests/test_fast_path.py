@@ -196,6 +196,9 @@ def test_fast_path_gives_the_reference_greedy_tokens(hf_model_dir, family: str, 
     fast = fast_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
     runner = fast_llm.llm_engine.model_runner
+    records = list(fast_llm.llm_engine.step_records)
+    assert all(r.t_prepare > 0 and r.t_forward > 0 for r in records)  # graph steps are timed as well
+    assert runner.timing_method.startswith("perf_counter")  # on CUDA: synchronize before each read
     if options["enforce_eager"]:
         assert runner.graph_runner is None
     else:
