@@ -29,7 +29,8 @@ SOURCES = {a: p for a, p in grading.discover_sources().items()
            if not os.environ.get("GRADING_ONLY") or a in os.environ["GRADING_ONLY"].split(",")}
 # Seconds of autograde per submission: a few for a quiz; labs that run the engine, a simulator or a
 # server while grading say how long theirs may take.
-SECONDS_PER_SUBMISSION: dict[str, float] = {"lab3_streaming_server": 45}  # two servers start per notebook
+SECONDS_PER_SUBMISSION: dict[str, float] = {"lab3_streaming_server": 60}  # two servers start per notebook
+SECONDS_PER_SUBMISSION["lab2_batching_scheduler"] = 40  # hypothesis, the tiny model and 4 simulated workloads
 
 
 def needs(*assignments: str) -> pytest.MarkDecorator:

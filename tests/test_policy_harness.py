@@ -129,7 +129,7 @@ def test_broken_policies_fail_fast_with_a_clear_message() -> None:
     with pytest.raises(ph.PolicyFailure, match="infinite loop"):
         ph.run_core(Loops, TOY, **LIMITS)
     assert time.process_time() - start < 4  # one call's second, not the run's budget
-    with pytest.raises(ph.PolicyFailure, match="stalls with work pending"):
+    with pytest.raises(ph.PolicyFailure, match="it stalls"):
         ph.run_core(LeavesAllOut, TOY, **LIMITS)
     with pytest.raises(ph.PolicyFailure, match="not one of the requests"):
         ph.run_core(Strangers, TOY, **LIMITS)
@@ -161,7 +161,7 @@ def test_properties_hold_for_decode_first_and_catch_what_they_should() -> None:
         ph.check_deterministic(Shuffles, stream, **ph.STREAM_LIMITS)
     ph.check_properties(DecodeFirstPolicy, "limits", seed=1, max_examples=10)
     ph.check_properties(Chunked, "finishes", seed=2, max_examples=10)
-    with pytest.raises(ph.PolicyFailure, match="PolicyError"):
+    with pytest.raises(ph.PolicyFailure, match="num_new_tokens gave request"):
         ph.check_properties(OverBudget, "limits", seed=3, max_examples=10)
 
 

@@ -13,9 +13,7 @@ Why each piece:
   (limits, liveness, starvation, determinism) are checked on its trace.
 * ``check_properties`` draws workloads with hypothesis (a per-course seed) for those checks;
   ``engine_tokens`` runs the policy in the real engine (the shipped tiny model) for the correctness check.
-
-The simulator side (workload families, goodput, the blindness probe), the own-code check, the results
-JSON and the leaderboard are in ``minengine.course.policy_scoring``.
+The simulator side, the own-code check, the results JSON and the leaderboard: ``policy_scoring``.
 """
 
 from __future__ import annotations
@@ -70,10 +68,7 @@ CALL_CPU_S = 1.0  # one call of order() or select_victim() takes microseconds; a
 def _call_limit(seconds: float) -> Iterator[None]:
     """Inside ``cpu_limit``: fire sooner if this one call runs ``seconds`` of CPU, then give the run's
     alarm back what is left of it (so a looping policy costs one second, not the whole run's budget)."""
-    if not hasattr(signal, "getitimer"):
-        yield
-        return
-    left = signal.getitimer(signal.ITIMER_PROF)[0]
+    left = signal.getitimer(signal.ITIMER_PROF)[0] if hasattr(signal, "getitimer") else 0.0
     if left <= 0:  # no run-level alarm armed: nothing to shorten
         yield
         return
@@ -126,6 +121,10 @@ class _Guard(SchedulingPolicy):
 class _SizingGuard(_Guard):
     def num_new_tokens(self, request: Request, num_needed: int, budget: int) -> int:
         n = self.inner.num_new_tokens(request, num_needed, budget)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(num_needed, budget):
+            raise PolicyFailure(f"{type(self.inner).__name__}.num_new_tokens gave request {request.request_id!r} "
+                                f"{n!r} tokens; it needs {num_needed} and {budget} are left in this step's budget: "
+                                f"return an int from 0 to {min(num_needed, budget)}")
         if self.log is not None:
             self.log.append(("tokens", request.request_id, n))
         return n
@@ -156,7 +155,9 @@ def explain(exc: BaseException, what: str, cpu_s: float, max_steps: int) -> Poli
     if text == "__timeout__":
         return PolicyFailure(f"{what}: the policy was stopped after {CALL_CPU_S:g} s of CPU in one call, or "
                              f"{cpu_s:g} s in the run (an infinite loop in order()/select_victim()/num_new_tokens()?)")
-    if text.startswith("__stall__") or "scheduled nothing" in text:
+    if "scheduled nothing" in text:
+        return PolicyFailure(f"{what}: the policy left every request out while work was pending (it stalls): {text}")
+    if text.startswith("__stall__"):
         return PolicyFailure(f"{what}: the run did not finish within {max_steps} steps: the policy leaves "
                              f"some request out forever (it stalls with work pending). {text.replace('__stall__', '')}")
     if isinstance(exc, PolicyFailure):
@@ -186,9 +187,6 @@ class CoreRun:
     finished: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)  # request id -> output tokens generated
     log: list = field(default_factory=list)
-
-    def decisions(self) -> list:
-        return [self.steps, self.preempted, self.log]
 
 
 class _HiddenLengthExecutor:
@@ -309,7 +307,7 @@ def check_deterministic(factory: Any, arrivals: Sequence[Arrival], **limits: Any
         if a != b:
             raise PolicyFailure(f"two runs of the same workload differ at step {i}: {a[:6]} vs {b[:6]}: the "
                                 "policy is not deterministic (random numbers? the wall clock? a set's order?)")
-    if first.decisions() != second.decisions():
+    if [first.steps, first.preempted, first.log] != [second.steps, second.preempted, second.log]:
         raise PolicyFailure("two runs of the same workload made different decisions: the policy is not deterministic")
 
 
