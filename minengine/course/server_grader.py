@@ -212,8 +212,9 @@ def wait_all() -> None:
 
 
 def server(app_file: str | Path = "lab3_server.py") -> ServerProcess:
-    """The learner's running server (launched now if it was not), after the own-code check."""
-    proc = _RUNNING.get("answer") or launch(app_file)
+    """The learner's running server after the own-code check: the one launched from this file as it is now
+    (launched now if it was not, or restarted if the file changed since)."""
+    proc = launch(app_file)
     if proc.digest == "missing":
         raise ServerProblem(f"there is no {proc.app_file.name}: run the server cell above (it writes the file)")
     proc.url()  # ServerProblem unless serving
