@@ -145,17 +145,25 @@ class DecodeGraphRunner:
         self.sizes, self.pad_block, self.backend = sorted(sizes), pad_block, backend
         self.width = max_blocks_per_seq
         top = self.sizes[-1]
-        self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
-        self.positions = torch.zeros(top, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(top, dtype=torch.long, device=device)
+        # One int64 block holds the per-row inputs (ids, positions, slots, blocks used, lengths), so a
+        # step is two host-to-device copies (this block and the used columns of the tables), pinned.
+        pin = device.type == "cuda"
+        self._ints_host = torch.zeros((5, top), dtype=torch.long, pin_memory=pin)
+        # the step's tables, packed [b, kmax] (kmax = most blocks any row uses), then spread on the device
+        self._tables_host = torch.full((top * self.width,), pad_block, dtype=torch.int32, pin_memory=pin)
+        self._tables_dev = torch.empty(top * self.width, dtype=torch.int32, device=device)
+        self._ints_np, self._tables_np = self._ints_host.numpy(), self._tables_host.numpy()
+        self._ints = torch.zeros((5, top), dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slot_mapping, self._used, self.seq_lens = self._ints.unbind(0)
         self.block_tables = torch.full((top, self.width), pad_block, dtype=torch.int32, device=device)
-        self.num_blocks = torch.ones(top, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(top, dtype=torch.long, device=device)
+        self.num_blocks = torch.ones(top, dtype=torch.int32, device=device)  # from _used, inside the graph
         self.p2l = (torch.full((top, self.num_cache_blocks), -1, dtype=torch.int32, device=device)
                     if backend == "flex" else None)
+        self._copied = torch.cuda.Event() if pin else None  # the host buffers may be reused after it
         self.graphs: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
         self.replays: dict[int, int] = {n: 0 for n in self.sizes}
-        self._reset_padding(0)
+        self._fill_padding(0, top)
+        self._ints.copy_(self._ints_host)
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its memory pool
             self.graphs[size] = graph_backend.capture(self._forward_fn(size))
 
@@ -172,45 +180,58 @@ class DecodeGraphRunner:
 
         @torch.inference_mode()
         def fn() -> torch.Tensor:
+            self.num_blocks[:b].copy_(self._used[:b])  # int64 -> int32, inside the graph
             batch.refresh()  # physical_to_logical from the tables, inside the graph
             return self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
 
         return fn
 
-    def _reset_padding(self, start: int) -> None:
-        """Rows from ``start`` on become padding: token 0 at position 0, writing the scratch block."""
-        self.input_ids[start:].zero_()
-        self.positions[start:].zero_()
-        self.slot_mapping[start:].fill_(self.pad_block * self.block_size)
-        self.block_tables[start:].fill_(self.pad_block)
-        self.num_blocks[start:].fill_(1)
-        self.seq_lens[start:].fill_(1)
+    def _fill_padding(self, start: int, stop: int) -> None:
+        """Host rows start..stop become padding: token 0 at position 0, one block (the scratch block)."""
+        ints = self._ints_np
+        ints[0, start:stop] = 0
+        ints[1, start:stop] = 0
+        ints[2, start:stop] = self.pad_block * self.block_size
+        ints[3, start:stop] = 1
+        ints[4, start:stop] = 1
 
     def can_run(self, num_decodes: int) -> bool:
         return bucket_for(num_decodes, self.sizes) is not None
 
     def load(self, inputs: DecodeInputs) -> int:
-        """Copy a step into the static buffers (rows past n become padding); returns the bucket size."""
+        """Copy a step into the static buffers (rows past n become padding); returns the bucket size.
+
+        Table columns past the step's longest row are left as they are: flex never visits them, and the
+        static gather masks them out (they always hold some valid block id)."""
         n = len(inputs.input_ids)
         b = bucket_for(n, self.sizes)
         if b is None:
             raise ValueError(f"{n} decodes: more than the largest captured size {self.sizes[-1]}")
-        tables = torch.full((n, self.width), self.pad_block, dtype=torch.int32)
-        used = []
-        for i, (table, s) in enumerate(zip(inputs.block_tables, inputs.seq_lens, strict=True)):
-            k = -(-s // self.block_size)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copies have left the host buffers
+        ints = self._ints_np
+        used = [-(-s // self.block_size) for s in inputs.seq_lens]
+        kmax = max(used)
+        for i, (table, k) in enumerate(zip(inputs.block_tables, used, strict=True)):
             if k > self.width or k > len(table):
-                raise ValueError(f"row {i}: {s} tokens need {k} blocks; table has {len(table)}, "
-                                 f"{self.width} captured")
-            tables[i, :k] = torch.tensor(table[:k], dtype=torch.int32)
-            used.append(k)
-        host = [torch.tensor(inputs.input_ids), torch.tensor(inputs.positions), torch.tensor(inputs.slots),
-                torch.tensor(used, dtype=torch.int32), torch.tensor(inputs.seq_lens)]
-        targets = [self.input_ids, self.positions, self.slot_mapping, self.num_blocks, self.seq_lens]
-        for dst, src in zip(targets, host, strict=True):
-            dst[:n].copy_(src)
-        self.block_tables[:n].copy_(tables)
-        self._reset_padding(n)
+                raise ValueError(f"row {i}: {inputs.seq_lens[i]} tokens need {k} blocks; table has "
+                                 f"{len(table)}, {self.width} captured")
+        tables = self._tables_np[: b * kmax].reshape(b, kmax)
+        tables.fill(self.pad_block)  # padding rows and the unused tail of short rows: the scratch block
+        for i, (table, k) in enumerate(zip(inputs.block_tables, used, strict=True)):
+            tables[i, :k] = table[:k]
+        ints[3, :n] = used
+        ints[0, :n] = inputs.input_ids
+        ints[1, :n] = inputs.positions
+        ints[2, :n] = inputs.slots
+        ints[4, :n] = inputs.seq_lens
+        self._fill_padding(n, b)
+        self._ints.copy_(self._ints_host, non_blocking=True)  # contiguous, pinned: asynchronous
+        staged = self._tables_dev[: b * kmax]
+        staged.copy_(self._tables_host[: b * kmax], non_blocking=True)
+        self.block_tables[:b, :kmax].copy_(staged.view(b, kmax))
+        if self._copied is not None:
+            self._copied.record()
         return b
 
     def replay(self, b: int, n: int) -> torch.Tensor:
