@@ -16,18 +16,21 @@ Parts (each in its own try/except, so one failure still reports the rest; a wall
    between kernels, and one flipped argmax changes every later token).
 2. ``decode_floor``: batch-1 decode step (median gap between output tokens) of ~0.6B (Qwen3-0.6B's
    shape) and ~1.5B (Qwen2.5-1.5B's shape) random models in bf16, against the floor
-   ``weight bytes + KV bytes / measured read bandwidth`` (``minengine.perf.measure``). Goal: the step
+   ``(weight bytes + KV bytes) / measured read bandwidth`` (``minengine.perf.measure``). Goal: the step
    reaches >= 80 % of the measured bandwidth (gpt-fast's ~82 % on an A100). Also run eager, to show
    what the graphs buy.
 3. ``throughput``: nano-vllm's workload shape (prompts and outputs U[100, 1024] tokens, 256 requests,
    scaled by ``--requests``) on the 0.6B shape: minengine's output tok/s; then the same prompts with one
    output length for both engines against transformers' continuous batching (``generate_batch``, or
    batched ``generate`` if absent), and the fraction of requests whose tokens agree.
-4. ``memory``: an engine with ``gpu_memory_utilization=0.5``: after start-up, the memory in use by the
-   whole device (``torch.cuda.mem_get_info``) must sit within 0.5 of the total, and near it.
+4. ``memory``: an engine with ``gpu_memory_utilization=0.5``: after start-up, the memory in use on the
+   whole device (``torch.cuda.mem_get_info``) must be 0.45-0.52 of the total (vLLM's rule: the KV cache
+   takes what is left of the fraction after weights and peak activations).
 5. ``lesson01``: lessons/01_two_phases.ipynb executed with nbclient at its GPU sizes (not headless).
 
 On CPU (``--dry-run``) the same functions run at tiny sizes, the GPU-only checks report "skipped".
+Needs: this repository's environment with a CUDA build of torch (flex_attention compiles through
+triton, which CUDA wheels include); transformers, nbclient and ipykernel as in pyproject. No downloads.
 """
 
 from __future__ import annotations
@@ -380,7 +383,7 @@ def part_memory(dev: torch.device, dry_run: bool, budget: Budget) -> dict[str, A
     free, total = torch.cuda.mem_get_info(dev)
     used = (total - free) / total
     kv = llm.llm_engine.kv_cache
-    passed = util - 0.05 <= used <= util + 0.02
+    passed = util - 0.05 <= used <= util + 0.02  # the band the docstring states
     return {"passed": passed, "summary": f"in use {used:.3f} of the device for gpu_memory_utilization {util} "
             f"(KV {kv.num_bytes / 2**30:.1f} GiB, {kv.num_tokens} tokens)", "used_fraction": used,
             "kv_bytes": kv.num_bytes, "kv_tokens": kv.num_tokens, "total_bytes": total}
