@@ -215,3 +215,24 @@ def test_cuda_graphs_and_flex_match_the_reference_on_gpu(hf_model_dir) -> None:
     fast = fast_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert fast_llm.llm_engine.model_runner.num_graph_steps > 0
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
+
+
+def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
+    """A cache too small for the batch (requests preempted and recomputed) and prompts sharing a prefix
+    (prefix-cache hits: blocks shared between rows of one decode batch): still the reference tokens."""
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, 512) for _ in range(24)]
+    prompts = [prefix + [rng.randrange(3, 512) for _ in range(3 + 5 * i)] for i in range(6)]
+    common = dict(max_num_seqs=6, max_num_batched_tokens=64, max_model_len=96, block_size=4, num_blocks=40)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    path = hf_model_dir("qwen3")
+    ref_llm = LLM(path, **common)
+    ref = ref_llm.generate(prompts, params, use_tqdm=False)
+    fast_llm = LLM(path, enforce_eager=False, attention_backend="flex", cudagraph_capture_sizes=[2, 4, 8],
+                   **common)
+    fast = fast_llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
+    engine = fast_llm.llm_engine
+    assert engine.num_preemptions > 0 and engine.prefix_cache_stats["hits"] > 0
+    assert engine.model_runner.num_graph_steps > 0
+    assert engine.kv_cache.kv_caches[0][0].shape[0] == 41  # the scheduler's 40 blocks + the scratch block
