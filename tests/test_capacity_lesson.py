@@ -56,6 +56,14 @@ def test_layouts_and_goodput_per_gpu() -> None:
     assert pools.goodput(500, 1) == {"colocated": 0.0, "1P:1D": 0.0}  # TPOT 5 ms > 1 ms everywhere
 
 
+def test_steady_runs_last_long_enough_at_any_rate() -> None:
+    base = cl.document_workload(50)
+    assert len(cl.steady(base, 5.0, 4.0)) == 50  # 10 s of arrivals already
+    fast = cl.steady(base, 100.0, 4.0)
+    assert len(fast) == 400 and fast[-1].arrival_time == pytest.approx(4.0, rel=0.15)
+    assert [s.prompt_len for s in fast[:50]] == [s.prompt_len for s in fast[50:100]]
+
+
 def test_transfer_is_bytes_over_bandwidth() -> None:
     # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes = 128 KiB per token
     assert cl.transfer_seconds(1000, 50) == pytest.approx(1000 * 131072 / 50e9)
@@ -118,7 +126,7 @@ def test_thrashing_run_is_found_on_the_real_engine() -> None:
     from minengine.course import lessons as lu
 
     llm = lu.shipped_llm(**dg.engine_options("thrashing"))
-    work = dg.traffic(10, 2.0, seed=2, long_fraction=0.5)  # more, or all at once, thrashes for minutes
+    work = dg.traffic(30, 3.0, seed=2)  # the lesson's mix; all at once, or mostly long prompts, thrash for minutes
     run = lu.run_requests(llm, work)
     quiet = lu.run_requests(lu.shipped_llm(**dg.engine_options("queueing")), dg.quiet_traffic(work, 4, 0.2))
     findings = [dg.worst_trace(run.requests)[1], dg.length_groups(run.requests),

@@ -166,10 +166,20 @@ def make_layout(name: str, prefill: int, total_gpus: int, budget: int = 512, *, 
                                 link_bandwidth=link_gb_s * 1e9, max_num_batched_tokens=max(budget, 2048)).run
 
 
+def steady(workload: Sequence[RequestSpec], rate: float, min_seconds: float, seed: int = 0) -> list[RequestSpec]:
+    """The workload re-timed to ``rate``, repeated until arrivals span at least ``min_seconds``: a run
+    shorter than a request's own life measures a burst, not a steady load."""
+    n = max(len(workload), math.ceil(rate * min_seconds))
+    specs = [workload[i % len(workload)] for i in range(n)]
+    return with_rate(specs, rate, seed=seed)
+
+
 def compare_pools(workload: Sequence[RequestSpec], rates: Sequence[float], total_gpus: int = 4,
                   budget: int = 512, *, model: str = MODEL, gpu: str = GPU, link_gb_s: float = 50.0,
-                  names: Sequence[str] | None = None, progress: bool = True) -> PoolComparison:
-    """Run each layout (all, or those in ``names``) at each rate (same requests re-timed)."""
+                  names: Sequence[str] | None = None, progress: bool = True, min_seconds: float = 4.0
+                  ) -> PoolComparison:
+    """Run each layout (all, or those in ``names``) at each rate: the same requests re-timed, repeated
+    so that arrivals last at least ``min_seconds`` (``steady``)."""
     from tqdm.auto import tqdm
 
     chosen = [(n, p) for n, p in layouts(total_gpus) if names is None or n in names]
@@ -180,7 +190,7 @@ def compare_pools(workload: Sequence[RequestSpec], rates: Sequence[float], total
         run = make_layout(name, prefill, total_gpus, budget, model=model, gpu=gpu, link_gb_s=link_gb_s)
         runs[name] = []
         for i, rate in enumerate(rates):
-            runs[name].append(run(with_rate(workload, rate, seed=i)).requests)
+            runs[name].append(run(steady(workload, rate, min_seconds, seed=i)).requests)
             bar.update()
     bar.close()
     return PoolComparison(total_gpus, rates, runs)
@@ -279,13 +289,14 @@ def token_plan(stats: StreamStats, rate: float, ttft_ms: float, tpot_ms: float, 
 
 
 def benchmark_capacity(ttft_ms: float, tpot_ms: float, prompt_len: int = 128, output_len: int = 128,
-                       num_requests: int = 400, rates: Sequence[float] = (10, 20, 30, 40, 50, 60, 70, 80),
-                       *, model: str = MODEL, gpu: str = GPU) -> float:
+                       num_requests: int = 300,
+                       rates: Sequence[float] = (20, 40, 60, 80, 100, 120, 150, 200, 260, 340),
+                       *, model: str = MODEL, gpu: str = GPU, min_seconds: float = 3.0) -> float:
     """A "requests per second per GPU" figure as a benchmark reports it: the goodput of one GPU on
-    fixed-length requests (vendor-style 128 in / 128 out)."""
+    fixed-length requests (vendor-style 128 in / 128 out), each rate run for ``min_seconds``."""
     base = synthetic_workload(num_requests, 1.0, prompt_len, output_len, seed=0)
     run = Simulator(model, gpu, max_num_batched_tokens=512).run
-    records = [run(with_rate(base, r, seed=i)).requests for i, r in enumerate(rates)]
+    records = [run(steady(base, r, min_seconds, seed=i)).requests for i, r in enumerate(rates)]
     return max_rate_meeting_slo(list(rates), records, ttft_ms, tpot_ms) or 0.0
 
 

@@ -94,7 +94,7 @@ class CapacityWidget:
             guess = capacity_guess(prompt, output, gpus)
             workload = cl.document_workload(self.num_requests, prompt, output)
             pools = cl.compare_pools(workload, [x * guess for x in LOADS], gpus, 512,
-                                     link_gb_s=float(self.link.value), progress=False)
+                                     link_gb_s=float(self.link.value), progress=False, min_seconds=2.5)
             good = pools.goodput(ttft, tpot)
             top = max(pools.rates) / gpus
         except ValueError as exc:
