@@ -12,6 +12,7 @@ that says why, and nothing they started may survive: no process, no listening po
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -271,14 +272,18 @@ def test_an_answer_using_the_reference_scores_nothing(tmp_path: Path) -> None:
 def test_a_runner_does_not_outlive_the_kernel_that_started_it(tmp_path: Path) -> None:
     """The kernel dies without stopping its server (SIGKILL, say): the runner notices and exits."""
     script = ("import os, sys\nfrom minengine.course import server_grader as sg\n"
-              "p = sg.ServerProcess(None, (sg.TINY,)).start()\nprint(p.proc.pid, flush=True)\nos._exit(0)\n")
+              "p = sg.ServerProcess(None, (sg.TINY,)).start()\nprint(p.proc.pid, p.workdir, flush=True)\n"
+              "os._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    pid = int(out.stdout.split()[0])
+    pid, workdir = out.stdout.split()
+    pid = int(pid)
+    leftover = Path(workdir)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
+            shutil.rmtree(leftover, ignore_errors=True)  # nobody stopped it, so nobody tidied up
             return
         time.sleep(0.1)
     os.killpg(pid, 9)

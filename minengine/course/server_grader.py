@@ -160,9 +160,17 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM the whole process group, SIGKILL it if it lingers, and reap it (frees its ports)."""
+        import shutil
+
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
+        try:
+            if proc is not None:
+                self._kill(proc)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)  # its status file and log
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
         for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
