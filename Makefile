@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 # Optional extra index for torch (e.g. PyTorch's CPU-only or CUDA wheel index); empty = PyPI.
 TORCH_INDEX ?=
-EXTRAS ?= course,server,dev,book
+EXTRAS ?= course,server,dev,book,hub
 # Extra arguments for JupyterLab, e.g. make course ARGS="--no-browser --port 8890"
 ARGS ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k kvcalc"
@@ -100,3 +100,11 @@ lint: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# A class on JupyterHub, end to end (deploy/jupyterhub/README.md): a real hub and proxy on 127.0.0.1, an
+# instructor and students as local users (needs root, useradd, node), the exchange, and the 30-student load
+# test that `make test` skips (MINENGINE_HUB_LOAD=1 turns it on).
+.PHONY: test-hub
+test-hub: $(STAMP) browser
+	sh deploy/jupyterhub/install_proxy.sh
+	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py tests/browser/test_browser_hub.py -v $(PYTEST_ARGS)

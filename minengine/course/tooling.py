@@ -139,7 +139,13 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.seed is not None and abs(args.seed) < 2**32:
         print(f"warning: seed {args.seed} is short; a student with the public sources could try every seed "
               "up to it. Prefer e.g. python3 -c 'import secrets; print(secrets.randbits(62))'", file=sys.stderr)
-    released = grading.release(args.course_dir, timeout=args.timeout, seed=args.seed)
+    sources = None
+    if args.assignment:  # one assignment only (e.g. the next lab of a running class)
+        found = grading.discover_sources()
+        if args.assignment not in found:
+            raise grading.GradingError(f"no assignment {args.assignment!r} (known: {', '.join(sorted(found))})")
+        sources = {args.assignment: found[args.assignment]}
+    released = grading.release(args.course_dir, sources, timeout=args.timeout, seed=args.seed)
     for assignment, folder in released.items():
         print(f"released {assignment}: {folder}")
     print(f"course directory: {args.course_dir} (nbgrader_config.py, gradebook.db, source/, release/); "
@@ -310,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_rel.add_argument("--seed", type=int, default=None,
                        help="course seed: this class's numbers and answer order (default: the last release's, "
                             "else $MINENGINE_COURSE_SEED, else the public default)")
+    p_rel.add_argument("--assignment", help="release only this assignment (default: every lab and quiz)")
     p_sub = course_cmd("submit", "put a student's notebooks under submitted/<student>/<assignment>/")
     p_sub.add_argument("--student", required=True)
     p_sub.add_argument("--assignment", help="needed only when a notebook's name does not say it")
