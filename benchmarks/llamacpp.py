@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -48,6 +49,13 @@ OUT = common.ROOT / "benchmarks" / "out" / "llamacpp"
 BUILD = OUT / "build"
 SDIST_SPEC = "llama-cpp-python==0.3.36"  # the llama.cpp it vendors is the yardstick; bump deliberately
 TOOLS = ("llama-bench", "llama-server", "llama-quantize")
+# Not GGML_NATIVE: on a Xeon with AMX, -march=native compiles ggml's AMX matmuls, and here (a VM) their
+# first tile load dies with SIGILL in a worker thread (the kernel grants AMX state per process only on
+# request). So: every AVX-512 extension, AMX off. Decode is bandwidth-bound, so this costs llama.cpp
+# little there; its prefill may be slower than with AMX (torch's bf16 path does use AMX).
+CPU_FLAGS = ["-DGGML_NATIVE=OFF", *(f"-DGGML_{f}=ON" for f in ("AVX", "AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512",
+             "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16")), "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+             "-DGGML_AMX_BF16=OFF"] if platform.machine() in ("x86_64", "AMD64") else ["-DGGML_NATIVE=ON"]
 MODEL = "smollm2-135m"
 CHAT_PROMPTS = ["What is the capital of France?", "Give me three tips for sleeping well.",
                 "Explain what a CPU cache is in one paragraph."]
@@ -67,7 +75,7 @@ def build() -> None:
         with tarfile.open(sdists[-1]) as tar:
             tar.extractall(OUT, filter="data")
     if not (BUILD / "build.ninja").exists() and not (BUILD / "Makefile").exists():
-        subprocess.run(["cmake", "-S", str(src), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+        subprocess.run(["cmake", "-S", str(src), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", *CPU_FLAGS,
                         "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2), "--target", *TOOLS],
