@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,8 +161,6 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM the whole process group, SIGKILL it if it lingers, and reap it (frees its ports)."""
-        import shutil
-
         proc, self.proc = self.proc, None
         try:
             if proc is not None:
