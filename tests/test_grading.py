@@ -398,3 +398,13 @@ def test_quiet_swallows_python_and_c_level_stderr(capfd: pytest.CaptureFixture) 
     assert capfd.readouterr().err == ""
     with pytest.raises(AssertionError), quiet():
         raise AssertionError("still propagates")
+
+
+def test_release_check_looks_at_every_file(tmp_path: Path) -> None:
+    """A file the source wrote when run in place (lab 3 writes its server module) must not ship."""
+    (tmp_path / "lab.ipynb").write_text("{}")
+    (tmp_path / "weights.bin").write_bytes(bytes(range(256)))  # binary data is skipped, not an error
+    grading.check_release_clean(tmp_path)
+    (tmp_path / "lab3_server.py").write_text("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION\n")
+    with pytest.raises(grading.GradingError, match="lab3_server.py"):
+        grading.check_release_clean(tmp_path)

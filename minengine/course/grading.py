@@ -219,12 +219,18 @@ def release(course_dir: Path = COURSE_DIR, sources: dict[str, Path] | None = Non
 
 
 def check_release_clean(release_dir: Path) -> None:
-    """Refuse a student version that still holds a solution or hidden-test marker."""
-    for nb_path in release_dir.rglob("*.ipynb"):
-        text = nb_path.read_text()
+    """Refuse a student version that still holds a solution or hidden-test marker, in any of its files:
+    a data file travels with the notebook, and so would a file the source wrote when an instructor ran it
+    in place (lab 3's ``%%writefile lab3_server.py`` holds the solution)."""
+    for path in sorted(p for p in release_dir.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # binary data cannot hold a marker nbgrader would have stripped
         leaked = [m for m in LEAK_MARKERS if m in text]
         if leaked:
-            raise GradingError(f"{nb_path} still contains {', '.join(leaked)}: not releasing it")
+            raise GradingError(f"{path} still contains {', '.join(leaked)}: not releasing it (delete it from "
+                               f"the source folder if running the source wrote it)")
 
 
 def release_is_stale(assignment: str, src: Path, course_dir: Path = COURSE_DIR) -> bool:
