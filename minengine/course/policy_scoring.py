@@ -250,10 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no {RESULTS_FILE} under {args.course_dir}/autograded/: run make autograde first")
         return 1
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    print("  ".join(f"{c:>14}" for c in cols))
-    for r in rows:
-        print("  ".join(f"{r.get(c, ''):>14.3f}" if isinstance(r.get(c), float) else f"{r.get(c, '')!s:>14}"
-                        for c in cols))
+    cells = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    for row in [cols, *cells]:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=cols)
