@@ -120,7 +120,7 @@ class Hub:
         state = self.base / "state"
         state.mkdir(mode=0o700)
         self.exchange.mkdir()
-        self.exchange.chmod(0o777)  # as nbgrader's docs say: every user writes into the exchange
+        self.exchange.chmod(0o1777)  # everyone writes into it; sticky: no one removes another's files
         # The course's interpreter must be reachable by every user: a pyenv Python in a 0700 /root is not.
         for d in blocking_dirs(Path(os.path.realpath(sys.executable)).parent) + blocking_dirs(ROOT):
             self.opened_dirs[d] = d.stat().st_mode

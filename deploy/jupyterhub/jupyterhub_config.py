@@ -32,7 +32,7 @@ def _names(name: str) -> list[str]:
 
 VENV = Path(_env("MINENGINE_HUB_VENV", str(REPO / ".venv")))  # the course's environment, for every user
 STATE = Path(_env("MINENGINE_HUB_STATE", "/srv/minengine-hub"))  # hub database, cookie secret (root only)
-EXCHANGE = _env("MINENGINE_HUB_EXCHANGE", "/srv/nbgrader/exchange")  # nbgrader's exchange (mode 0777)
+EXCHANGE = _env("MINENGINE_HUB_EXCHANGE", "/srv/nbgrader/exchange")  # nbgrader's exchange (mode 1777)
 INSTRUCTORS = _names("MINENGINE_HUB_INSTRUCTORS")
 STUDENTS = _names("MINENGINE_HUB_STUDENTS")
 ROLES = HERE / "roles"  # per-role Jupyter config: which nbgrader extensions a user's server loads
