@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import csv
 
-    parser = argparse.ArgumentParser(prog="python -m minengine.course.policy_harness")
+    parser = argparse.ArgumentParser(prog="python -m minengine.course.policy_scoring")
     parser.add_argument("command", choices=["leaderboard"])
     parser.add_argument("course_dir", nargs="?", default="build/course")
     parser.add_argument("--csv", default=None, help="also write the table here")
