@@ -22,6 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from minengine.course.batching_lesson import SIM_MODEL, SimPoint, simulate_point
+from minengine.course.widgets.common import error_message
+from minengine.course.widgets.common import ms as _ms
 from minengine.course.widgets.latency_widget import GPU_CHOICES
 
 SEQS_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -50,9 +52,6 @@ def check_sigma(sigma: object) -> float:
         raise ValueError(f"the answer-length spread σ must be between 0 and 2, got {value:g}")
     return value
 
-
-def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:,.0f} ms" if seconds >= 0.0995 else f"{1000 * seconds:.1f} ms"
 
 
 class BatchingWidget:
@@ -139,10 +138,7 @@ class BatchingWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.result, self.text = text, None, text
-        for part in self.results:  # the previous answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-bat-error' style='color:#b00020'><b>Cannot simulate:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-bat-error", "Cannot simulate", text)
 
     def _draw(self, p: SimPoint) -> None:
         ax = self.ax_run

@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from minengine.course import capacity_lesson as cl
+from minengine.course.widgets.common import error_message
 
 LOADS = (0.3, 0.6, 0.9, 1.2, 1.6, 2.2, 3.0)  # rates tried, as multiples of the capacity guess
 
@@ -122,10 +123,7 @@ class CapacityWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.goodput, self.text = text, None, text
-        for part in self.results:  # the previous answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-cap-error' style='color:#b00020'><b>Cannot simulate:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-cap-error", "Cannot simulate", text)
 
     def _draw(self, good: dict[str, float], best: str) -> None:
         self.figure.clear()

@@ -22,6 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from minengine.course.chunked_prefill_lesson import SIM_MAX_LEN, SIM_MODEL, Interference, sim_interference
+from minengine.course.widgets.common import error_message
+from minengine.course.widgets.common import ms as _ms
 from minengine.course.widgets.latency_widget import GPU_CHOICES, _plain_log_ticks
 
 BUDGET_CHOICES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -41,9 +43,6 @@ def check_prompt(n: object) -> int:
         raise ValueError(f"the long prompt must be {MIN_PROMPT:,} to {MAX_PROMPT:,} tokens, got {n!r}")
     return n
 
-
-def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:,.0f} ms" if seconds >= 0.0995 else f"{1000 * seconds:.1f} ms"
 
 
 class ChunkingWidget:
@@ -123,10 +122,7 @@ class ChunkingWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.result, self.text = text, None, text
-        for part in self.results:  # the previous answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-chunk-error' style='color:#b00020'><b>Cannot simulate:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-chunk-error", "Cannot simulate", text)
 
     def _draw(self, r: Interference) -> None:
         ax = self.ax_run

@@ -23,6 +23,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from minengine.course.widgets.common import error_message
 from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, slo_attainment
 
 
@@ -99,10 +100,7 @@ class GoodputWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.goodput, self.text = text, None, text
-        for part in self.results:
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-goodput-error' style='color:#b00020'><b>Cannot compute:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-goodput-error", "Cannot compute", text)
 
     def _draw(self, target: float) -> None:
         ax = self.ax

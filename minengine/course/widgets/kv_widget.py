@@ -19,6 +19,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from minengine.course.widgets.common import error_message
 from minengine.kvcalc import (
     KV_CACHE_DTYPES,
     GiB,
@@ -151,10 +152,7 @@ class KVCalculatorWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.estimate, self.text = text, None, text
-        for part in self.results:  # numbers from the previous input would read as the answer to this one
-            part.layout.display = "none"
-        self.message.value = f"<div class='me-kv-error' style='color:#b00020'><b>Cannot compute:</b> " \
-                             f"{html.escape(text)}</div>"
+        self.message.value = error_message(self.results, "me-kv-error", "Cannot compute", text)
 
     def _draw(self, est: KVEstimate) -> None:
         ax = self.ax_kv

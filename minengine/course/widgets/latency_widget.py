@@ -26,6 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from minengine.course.widgets.common import error_message
+from minengine.course.widgets.common import ms as _ms
 from minengine.sim.simulator import Simulator
 from minengine.sim.workload import LogNormal, synthetic_workload
 
@@ -119,9 +121,6 @@ def _plain_log_ticks(axis: object) -> None:
     axis.set_minor_formatter(NullFormatter())  # type: ignore[attr-defined]
 
 
-def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:,.0f} ms" if seconds >= 0.0995 else f"{1000 * seconds:.1f} ms"
-
 
 class LatencyWidget:
     """Rate, prompt spread, mean prompt and GPU -> simulated TTFT percentiles. ``w.widget`` is the box."""
@@ -201,10 +200,7 @@ class LatencyWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.result, self.text = text, None, text
-        for part in self.results:  # the previous answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-lat-error' style='color:#b00020'><b>Cannot simulate:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-lat-error", "Cannot simulate", text)
 
     def _draw(self, r: LatencyResult) -> None:
         ax = self.ax_hist

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 
 from minengine.core.sampling_params import SamplingParams
 from minengine.course.prefix_lesson import expected_hit_tokens, run_one_by_one
+from minengine.course.widgets.common import error_message
 
 BLOCK_SIZES = (8, 16, 32, 64)
 DEFAULT_TEMPLATE = "[request {id}, sent 10:31:{id}]\n"
@@ -137,10 +138,7 @@ class PrefixWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.result, self.text = text, None, text
-        for part in self.results:  # an old answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-prefix-error' style='color:#b00020'><b>Cannot run this:</b> "
-                              f"{html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-prefix-error", "Cannot run this", text)
 
     def _draw(self, r: PrefixResult) -> None:
         ax = self.ax

@@ -36,6 +36,7 @@ from minengine.course.roofline_lesson import (
     scaled_gpu,
     step_points,
 )
+from minengine.course.widgets.common import error_message
 from minengine.perf.hardware import Accelerator, get_accelerator
 from minengine.perf.roofline import CostModel, ModelShape
 
@@ -212,10 +213,7 @@ class RooflineWidget:
 
     def _show_error(self, text: str) -> None:
         self.error, self.view, self.text = text, None, text
-        for part in self.results:  # the previous answer must not read as the answer to this input
-            part.layout.display = "none"
-        self.message.value = (f"<div class='me-roof-error' style='color:#b00020'><b>Cannot place this setting:"
-                              f"</b> {html.escape(text)}</div>")
+        self.message.value = error_message(self.results, "me-roof-error", "Cannot place this setting", text)
 
     def _draw(self, v: RooflineView) -> None:
         cm, acc = v.cost_model, v.cost_model.accelerator
