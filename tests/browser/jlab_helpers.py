@@ -268,3 +268,18 @@ def screenshot(page: Any, name: str) -> Path:
 def _text(output: dict) -> str:
     text = output.get("text", "")
     return "".join(text) if isinstance(text, list) else text
+
+
+def stream_text(cells: list[dict]) -> str:
+    """Everything the notebook's cells printed (stdout and stderr streams), in order."""
+    return "".join("".join(o.get("text", "")) for c in cells for o in c["outputs"]
+                   if o.get("output_type") == "stream")
+
+
+def check_claims(name: str, cells: list[dict]) -> None:
+    """The lesson's claim checks ran and printed, and none that must hold failed in this run."""
+    from minengine.course.claims import FAILED_MARKER
+
+    text = stream_text(cells)
+    assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
+    assert FAILED_MARKER not in text, f"{name}: a must-hold claim failed in the browser run"

@@ -16,6 +16,7 @@ import pytest
 from jlab_helpers import (
     RUN_ALL_S,
     cells_with_images,
+    check_claims,
     check_clean,
     expect_visible_image,
     find_cell,
@@ -25,8 +26,6 @@ from jlab_helpers import (
     screenshot,
     scroll_to_cell,
 )
-
-from minengine.course.claims import FAILED_MARKER
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
@@ -67,14 +66,6 @@ def test_lesson_01_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
     screenshot(page, "lesson01_decode_roofline")
     show_output(page, find_cell(cells, r"prefill time vs prompt length"))
     screenshot(page, "lesson01_prefill")
-
-
-def check_claims(name: str, cells: list[dict]) -> None:
-    """The lesson's claim checks ran and printed, and none that must hold failed in this run."""
-    text = "".join("".join(o.get("text", "")) for c in cells for o in c["outputs"]
-                   if o.get("output_type") == "stream")
-    assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
-    assert FAILED_MARKER not in text, f"{name}: a must-hold claim failed in the browser run"
 
 
 def show_output(page: Any, index: int) -> None:
