@@ -283,3 +283,24 @@ def check_claims(name: str, cells: list[dict]) -> None:
     text = stream_text(cells)
     assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
     assert FAILED_MARKER not in text, f"{name}: a must-hold claim failed in the browser run"
+
+
+def show_output(page: Any, index: int) -> None:
+    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
+    scroll_to_cell(page, index)
+    page.evaluate("""i => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
+    }""", index)
+    page.wait_for_timeout(300)
+    expect_visible_image(page)
+
+
+def show_widget(ran: RanNotebook, cell_pattern: str, selector: str, timeout_ms: float) -> Any:
+    """Scroll the widget made by the cell matching ``cell_pattern`` to the top and return its locator."""
+    scroll_to_cell(ran.page, find_cell(ran.cells, cell_pattern))
+    widget = ran.page.locator(selector)
+    widget.wait_for(state="visible", timeout=timeout_ms)
+    widget.evaluate("el => el.scrollIntoView({block: 'start'})")
+    ran.page.wait_for_timeout(300)
+    return widget

@@ -19,11 +19,11 @@ from jlab_helpers import (
     cells_with_images,
     check_claims,
     check_clean,
-    expect_visible_image,
     find_cell,
     run_notebook,
     screenshot,
-    scroll_to_cell,
+    show_output,
+    show_widget,
     wait_changed,
 )
 
@@ -39,16 +39,6 @@ def lesson02(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 
-def show_output(page: Any, index: int) -> None:
-    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
-    scroll_to_cell(page, index)
-    page.evaluate("""i => {
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
-    }""", index)
-    page.wait_for_timeout(300)
-    expect_visible_image(page)
-
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
 def test_lesson_02_runs_clean_in_the_browser(lesson02: RanNotebook) -> None:
@@ -63,18 +53,13 @@ def test_lesson_02_runs_clean_in_the_browser(lesson02: RanNotebook) -> None:
     screenshot(lesson02.page, "lesson02_calibrated_vs_sweep")
 
 
-def show_widget(lesson02: RanNotebook) -> Any:
-    scroll_to_cell(lesson02.page, find_cell(lesson02.cells, r"RooflineWidget\("))
-    widget = lesson02.page.locator(WIDGET)
-    widget.wait_for(state="visible", timeout=UPDATE_MS)
-    widget.evaluate("el => el.scrollIntoView({block: 'start'})")
-    lesson02.page.wait_for_timeout(300)
-    return widget
+def show_widget_here(lesson02: RanNotebook) -> Any:
+    return show_widget(lesson02, r"RooflineWidget\(", WIDGET, UPDATE_MS)
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
 def test_roofline_widget_answers_a_new_batch(lesson02: RanNotebook) -> None:
-    page, widget = lesson02.page, show_widget(lesson02)
+    page, widget = lesson02.page, show_widget_here(lesson02)
     summary = widget.locator(".me-roof-summary")
     text, src = summary.inner_text(), widget.locator("img.me-roof-plot").get_attribute("src") or ""
     batch = widget.locator(".me-roof-batch input")

@@ -19,11 +19,11 @@ from jlab_helpers import (
     cells_with_images,
     check_claims,
     check_clean,
-    expect_visible_image,
     find_cell,
     run_notebook,
     screenshot,
-    scroll_to_cell,
+    show_output,
+    show_widget,
     wait_changed,
 )
 
@@ -52,29 +52,14 @@ def test_lesson_03_runs_clean_in_the_browser(lesson03: RanNotebook) -> None:
     screenshot(lesson03.page, "lesson03_saturation")
 
 
-def show_output(page: Any, index: int) -> None:
-    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
-    scroll_to_cell(page, index)
-    page.evaluate("""i => {
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
-    }""", index)
-    page.wait_for_timeout(300)
-    expect_visible_image(page)
 
-
-def show_widget(lesson03: RanNotebook) -> Any:
-    scroll_to_cell(lesson03.page, find_cell(lesson03.cells, r"LatencyWidget\("))
-    widget = lesson03.page.locator(WIDGET)
-    widget.wait_for(state="visible", timeout=UPDATE_MS)
-    widget.evaluate("el => el.scrollIntoView({block: 'start'})")
-    lesson03.page.wait_for_timeout(300)
-    return widget
+def show_widget_here(lesson03: RanNotebook) -> Any:
+    return show_widget(lesson03, r"LatencyWidget\(", WIDGET, UPDATE_MS)
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
 def test_latency_widget_answers_a_new_rate(lesson03: RanNotebook) -> None:
-    page, widget = lesson03.page, show_widget(lesson03)
+    page, widget = lesson03.page, show_widget_here(lesson03)
     summary = widget.locator(".me-lat-summary")
     text, src = summary.inner_text(), widget.locator("img.me-lat-plot").get_attribute("src") or ""
     rate = widget.locator(".me-lat-rate input")

@@ -19,11 +19,11 @@ from jlab_helpers import (
     cells_with_images,
     check_claims,
     check_clean,
-    expect_visible_image,
     find_cell,
     run_notebook,
     screenshot,
     scroll_to_cell,
+    show_output,
     wait_changed,
 )
 
@@ -38,16 +38,6 @@ def lesson05(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
     yield from run_notebook(browser, lab_server, LESSON, RUN_ALL_S)
 
 
-
-def show_output(page: Any, index: int) -> None:
-    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
-    scroll_to_cell(page, index)
-    page.evaluate("""i => {
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
-    }""", index)
-    page.wait_for_timeout(300)
-    expect_visible_image(page)
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)

@@ -23,9 +23,9 @@ from jlab_helpers import (
     run_notebook,
     screenshot,
     scroll_to_cell,
+    show_output,
     wait_changed,
 )
-from test_browser_lesson05 import show_output
 
 WIDGET = f"{NOTEBOOK} .me-chunk-widget"
 UPDATE_MS = 60_000

@@ -19,10 +19,10 @@ from jlab_helpers import (
     check_claims,
     check_clean,
     expect_visible_image,
-    find_cell,
     run_notebook,
     screenshot,
     scroll_to_cell,
+    show_widget,
     wait_changed,
 )
 
@@ -48,14 +48,8 @@ def test_lesson_09_runs_clean_in_the_browser(lesson09: RanNotebook) -> None:
     screenshot(lesson09.page, "lesson09_pools_plot")
 
 
-def show_widget(lesson09: Any) -> Any:
-    index = find_cell(lesson09.cells, r"CapacityWidget\(")
-    scroll_to_cell(lesson09.page, index)
-    widget = lesson09.page.locator(WIDGET)
-    widget.wait_for(state="visible", timeout=UPDATE_MS)
-    widget.evaluate("el => el.scrollIntoView({block: 'start'})")
-    lesson09.page.wait_for_timeout(300)
-    return widget
+def show_widget_here(lesson09: RanNotebook) -> Any:
+    return show_widget(lesson09, r"CapacityWidget\(", WIDGET, UPDATE_MS)
 
 
 def set_number(widget: Any, css: str, value: str) -> None:
@@ -66,7 +60,7 @@ def set_number(widget: Any, css: str, value: str) -> None:
 
 @pytest.mark.timeout(RUN_ALL_S + 300)
 def test_capacity_widget_simulates_on_click_and_reports_bad_input(lesson09: Any) -> None:
-    page, widget = lesson09.page, show_widget(lesson09)
+    page, widget = lesson09.page, show_widget_here(lesson09)
     summary = widget.locator(".me-cap-summary")
     # The headless run already simulated one setting (2 GPUs, short prompts): its answer is on screen.
     summary.wait_for(state="visible", timeout=UPDATE_MS)

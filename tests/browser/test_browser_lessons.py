@@ -25,6 +25,7 @@ from jlab_helpers import (
     run_all,
     screenshot,
     scroll_to_cell,
+    show_output,
 )
 
 
@@ -67,13 +68,3 @@ def test_lesson_01_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
     show_output(page, find_cell(cells, r"prefill time vs prompt length"))
     screenshot(page, "lesson01_prefill")
 
-
-def show_output(page: Any, index: int) -> None:
-    """Scroll so that cell ``index``'s output (its plot), not its code, starts at the top of the view."""
-    scroll_to_cell(page, index)
-    page.evaluate("""i => {
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.widgets[i].outputArea.node.scrollIntoView({block: 'start'});
-    }""", index)
-    page.wait_for_timeout(300)
-    expect_visible_image(page)
