@@ -20,6 +20,7 @@ import pytest
 
 from minengine.course import grading
 from minengine.course import tooling as course
+from minengine.course.autograde_pool import default_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
@@ -147,7 +148,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
             grading.submit(fixture.stem, [path], course_dir)
             expected_lost[assignment, fixture.stem] = lost
     start = time.monotonic()
-    grading.autograde(course_dir)
+    grading.autograde(course_dir, workers=default_workers())  # the class graded on every core
     return dict(course_dir=course_dir, released=released, expected_lost=expected_lost,
                 autograde_s=time.monotonic() - start)
 

@@ -304,9 +304,10 @@ def submissions(course_dir: Path = COURSE_DIR, student: str | None = None, assig
 
 # --------------------------------------------------------------------------------------------- grading
 @_in_grading_environment
-def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignment: str | None = None
-              ) -> list[Score]:
-    """Autograde the matching submissions, one (student, assignment) at a time; returns their scores."""
+def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignment: str | None = None,
+              workers: int = 1) -> list[Score]:
+    """Autograde the matching submissions, one (student, assignment) at a time; returns their scores.
+    ``workers`` > 1 grades on that many processes (``minengine.course.autograde_pool``)."""
     from nbgrader.converters import Autograde
 
     config = load_config(course_dir)
@@ -314,6 +315,11 @@ def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignm
     if not pairs:
         raise GradingError(f"no submissions under {course_dir / 'submitted'} match "
                            f"student={student or '*'} assignment={assignment or '*'}")
+    if workers > 1 and len(pairs) > 1:
+        from minengine.course.autograde_pool import autograde_in_parallel
+
+        autograde_in_parallel(course_dir, pairs, workers)
+        return [sc for sc in scores(course_dir) if (sc.student, sc.assignment) in set(pairs)]
     coursedir = _coursedir(config)
     for s, a in pairs:
         coursedir.student_id, coursedir.assignment_id = s, a

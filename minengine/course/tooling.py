@@ -163,9 +163,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_autograde(args: argparse.Namespace) -> int:
     from minengine.course import grading
+    from minengine.course.autograde_pool import default_workers
 
+    workers = default_workers() if getattr(args, "workers", None) is None else args.workers
+    if workers < 1:
+        print(f"--workers must be 1 or more, not {workers}", file=sys.stderr)
+        return 2
     print("autograding (each notebook runs in a fresh kernel) ...", flush=True)
-    _print_scores(grading.autograde(args.course_dir, args.student, args.assignment))
+    if workers > 1:
+        print(f"  on {workers} worker processes (--workers 1 grades one at a time)", flush=True)
+    _print_scores(grading.autograde(args.course_dir, args.student, args.assignment, workers=workers))
     return 0
 
 
@@ -326,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = course_cmd(name, help_text)
         p.add_argument("--student")
         p.add_argument("--assignment")
+        if name == "autograde":
+            p.add_argument("--workers", type=int, help="processes grading at once (default: one per core, "
+                           "at most 4)")
     p_exp = course_cmd("export", "write every grade to a CSV file")
     p_exp.add_argument("--to", type=Path, help="CSV path (default: <course-dir>/grades.csv)")
     p_val = sub.add_parser("validate", help="check a lab or quiz notebook; exits non-zero when a test fails")
