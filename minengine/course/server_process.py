@@ -112,6 +112,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self._finalizer: weakref.finalize | None = None
+        self.startup_s: float | None = None  # seconds from start() to the first healthy answer
 
     # ---- addresses ----
     @property
@@ -156,6 +157,7 @@ class ServerProcess:
         if self.running:
             raise RuntimeError(f"already running (pid {self.pid}) at {self.url}")
         self.port = self.requested_port or free_port(self.host)
+        began = time.perf_counter()
         fd, name = tempfile.mkstemp(prefix="minengine-serve-", suffix=".log")
         self._log_path = Path(name)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
@@ -170,6 +172,7 @@ class ServerProcess:
         except BaseException:
             self.stop()
             raise
+        self.startup_s = time.perf_counter() - began
         return self
 
     def _wait_ready(self) -> None:

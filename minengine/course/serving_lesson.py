@@ -10,8 +10,9 @@ they must work against any OpenAI-compatible server, not only ours: metric names
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ class Streamed:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     closed_at: float | None = None  # time.perf_counter() when the client closed the connection
+    finished_at: float | None = None  # the chunk that carried finish_reason (the last token's, EOS or not)
 
     @property
     def ttft(self) -> float:
@@ -68,6 +70,21 @@ class Streamed:
     @property
     def e2e(self) -> float:
         return self.lines[-1][0] if self.lines else float("nan")
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens: the usage chunk's count when the server sent one, else the text chunks."""
+        return int(self.usage["completion_tokens"]) if self.usage else len(self.content_times)
+
+    @property
+    def mean_itl(self) -> float:
+        """Mean gap between output tokens as the client saw them: (last token - first) / (tokens - 1).
+
+        Per token, not per chunk: a chunk may carry several tokens (a character split across tokens)
+        or none (an end-of-text token), so counting chunks would disagree with the server's histogram.
+        """
+        last = self.finished_at if self.finished_at is not None else (self.content_times or [math.nan])[-1]
+        return (last - self.ttft) / (self.num_tokens - 1) if self.num_tokens > 1 else math.nan
 
 
 def _delta_text(chunk: dict[str, Any]) -> str:
@@ -106,7 +123,8 @@ def stream(url: str, payload: dict[str, Any], endpoint: str = "/v1/completions",
                     out.content_times.append(now)
                     out.text += text
                 choice = (chunk.get("choices") or [{}])[0]
-                out.finish_reason = choice.get("finish_reason") or out.finish_reason
+                if choice.get("finish_reason"):
+                    out.finish_reason, out.finished_at = choice["finish_reason"], now
                 out.usage = chunk.get("usage") or out.usage
                 if stop_after is not None and len(out.content_times) >= stop_after:
                     time.sleep(hold_s)
@@ -115,6 +133,39 @@ def stream(url: str, payload: dict[str, Any], endpoint: str = "/v1/completions",
     finally:
         if own:
             client.close()
+    return out
+
+
+def read_chat_stream(chunks: Iterable[Any], start: float, echo: bool = False) -> Streamed:
+    """Read a chat stream from the official ``openai`` SDK, stamping every chunk as it arrives.
+
+    ``chunks`` is what ``client.chat.completions.create(..., stream=True)`` returns and ``start`` the
+    ``time.perf_counter()`` taken just before that call (the SDK sends the request inside it, so the
+    clock must start first). ``echo`` prints each piece of text the moment it arrives, so the reader
+    watches the answer being written. Nothing here imports ``openai``: any object with the SDK's
+    ``choices[0].delta.content`` / ``finish_reason`` / ``usage`` attributes will do.
+    """
+    out = Streamed()
+    for chunk in chunks:
+        now = time.perf_counter() - start
+        dump = chunk.model_dump_json() if hasattr(chunk, "model_dump_json") else str(chunk)
+        out.lines.append((now, dump))
+        if getattr(chunk, "usage", None) is not None:
+            usage = chunk.usage
+            out.usage = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        piece = choice.delta.content if choice.delta is not None else None
+        if piece:
+            out.content_times.append(now)
+            out.text += piece
+            if echo:
+                print(piece, end="", flush=True)
+        if choice.finish_reason:
+            out.finish_reason, out.finished_at = choice.finish_reason, now
+    if echo:
+        print()
     return out
 
 
