@@ -112,6 +112,58 @@ def dequantize_blocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     return out.reshape(-1)
 
 
+# ---- quantization (the inverse: what llama-quantize writes) ------------------------------------------
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    """C's ``roundf``: halves go away from zero (numpy's ``round`` sends them to the even neighbour)."""
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """[n, 32] values 0..15 -> [n, 16] bytes: weight i in the low nibble of byte i, weight i+16 in the high."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << np.uint8(4))
+
+
+def quantize_blocks(values: np.ndarray, type_name: str) -> np.ndarray:
+    """Float weights (a multiple of 32 of them) -> the raw bytes of a ``Q8_0``, ``Q4_0`` or ``Q4_1`` tensor.
+
+    The same arithmetic as ggml's reference quantizers (``quantize_row_*_ref``: float32 maths, the scale
+    stored as fp16), so the bytes match what ``llama-quantize`` writes without an importance matrix:
+
+    * ``Q8_0``: d = max|w| / 127, q = round(w / d) in -127..127;
+    * ``Q4_0``: d = (the weight of largest magnitude, with its sign) / -8, q = w / d + 8 rounded, clipped
+      to 0..15 -- the extreme weight lands exactly on q = 0, the grid's lone extra step;
+    * ``Q4_1``: d = (max - min) / 15 and m = min, q = (w - m) / d rounded, 0..15.
+    """
+    if type_name not in BLOCK_BYTES:
+        raise UnsupportedModelError(f"cannot quantize to {type_name}; supported: {', '.join(BLOCK_BYTES)}")
+    x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    if x.size % BLOCK_SIZE:
+        raise ValueError(f"{x.size} weights is not a multiple of the block size {BLOCK_SIZE}")
+    x = x.reshape(-1, BLOCK_SIZE)
+
+    def inverse(d: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+    if type_name == "Q8_0":
+        d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+        q = _round_half_away(x * inverse(d)).astype(np.int8).view(np.uint8)
+        return np.concatenate([d.astype(np.float16).view(np.uint8), q], axis=1).reshape(-1)
+    if type_name == "Q4_0":
+        extreme = np.take_along_axis(x, np.abs(x).argmax(axis=1, keepdims=True), axis=1)
+        d = extreme / np.float32(-8)
+        q = np.clip(np.trunc(x * inverse(d) + np.float32(8.5)), 0, 15)
+        return np.concatenate([d.astype(np.float16).view(np.uint8), _pack_nibbles(q)], axis=1).reshape(-1)
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)  # Q4_1
+    d = (hi - lo) / np.float32(15)
+    q = np.clip(np.trunc((x - lo) * inverse(d) + np.float32(0.5)), 0, 15)
+    head = np.concatenate([d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8)], axis=1)
+    return np.concatenate([head, _pack_nibbles(q)], axis=1).reshape(-1)
+
+
 def dequantize(tensor: Any) -> torch.Tensor:
     """A ``gguf.ReaderTensor`` -> fp32 torch tensor in PyTorch's [out, in] layout.
 
@@ -237,6 +289,13 @@ def hf_state_dict(reader: Any, config: dict[str, Any]) -> dict[str, torch.Tensor
             value = unpermute_qk(value, kv_heads)
         out[name] = value
     return out
+
+
+def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GGUF file's metadata and the HF config it implies, without dequantizing any weight."""
+    reader = _open(Path(path))
+    meta = metadata(reader)
+    return meta, hf_config(meta, {t.name for t in reader.tensors})
 
 
 # ---- the cached HF folder ---------------------------------------------------------------------------
