@@ -110,9 +110,10 @@ def test_simulator_drives_the_real_scheduler_and_completes_every_request(monkeyp
     monkeypatch.setattr(Scheduler, "schedule", counting)
     step_time = sim.executor.step_time
 
-    def spy(out):  # every step's batch passes through the executor; check the fast path on the way
-        assert step_time(out) == pytest.approx(sim.executor.step_cost(out).time, rel=1e-9)
-        return step_time(out)
+    def spy(out, num_sampled=None):  # every step's batch passes through the executor; check the fast path
+        assert step_time(out, num_sampled) == pytest.approx(sim.executor.step_cost(out).time, rel=1e-9)
+        assert step_time(out) == step_time(out, num_sampled)  # counting the sampled rows itself or not
+        return step_time(out, num_sampled)
 
     sim.executor.step_time = spy  # type: ignore[method-assign]
     result = sim.run(w)

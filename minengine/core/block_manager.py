@@ -79,11 +79,12 @@ class BlockManager:
     def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The chained hashes of the request's first ``num_blocks`` full blocks (extended as needed)."""
         hashes, bs = request.block_hashes, self.block_size
-        while len(hashes) < num_blocks:
-            i = len(hashes)
-            hashes.append(
-                hash_block_tokens(hashes[-1] if i else None, request.token_ids[i * bs : (i + 1) * bs])
-            )
+        if len(hashes) < num_blocks:
+            token_ids, add = request.token_ids, hashes.append
+            parent = hashes[-1] if hashes else None
+            for i in range(len(hashes), num_blocks):  # hash_block_tokens, inlined
+                parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
+                add(parent)
         return hashes[:num_blocks]
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
@@ -106,19 +107,23 @@ class BlockManager:
         """Register the request's full, computed blocks in the prefix cache (call after the forward pass)."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_table))
+        block_table = request.block_table
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full > len(block_table):
+            num_full = len(block_table)
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
-        bs = self.block_size
-        hashes = self.block_hashes(request, num_full)
+        bs, blocks, cached = self.block_size, self.blocks, self.cached_blocks
+        hashes, token_ids = self.block_hashes(request, num_full), request.token_ids
         for i in range(start, num_full):
-            block = self.blocks[request.block_table[i]]
-            if block.block_hash is not None or hashes[i] in self.cached_blocks:
+            block = blocks[block_table[i]]
+            h = hashes[i]
+            if block.block_hash is not None or h in cached:
                 continue  # already cached (a prefix hit), or the same tokens were cached by another request
-            block.block_hash = hashes[i]
-            block.token_ids = tuple(request.token_ids[i * bs : (i + 1) * bs])
-            self.cached_blocks[hashes[i]] = block.block_id
+            block.block_hash = h
+            block.token_ids = tuple(token_ids[i * bs : (i + 1) * bs])
+            cached[h] = block.block_id
         self._num_hashed[request.request_id] = num_full
 
     def reset_prefix_cache(self) -> None:
@@ -140,24 +145,27 @@ class BlockManager:
         """
         bs = self.block_size
         total = request.num_computed_tokens + len(new_computed_blocks) * bs + num_new_tokens
-        num_new_blocks = self.blocks_needed(total) - len(request.block_table) - len(new_computed_blocks)
+        num_new_blocks = -(-total // bs) - len(request.block_table) - len(new_computed_blocks)
         # Hits sitting in the free queue leave it when we take them, so they count against the free blocks.
-        num_revived = sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0)
-        if num_new_blocks + num_revived + reserve > self.num_free_blocks:
+        num_revived = sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0) if new_computed_blocks else 0
+        if num_new_blocks + num_revived + reserve > len(self.free_queue):
             return False
         if self.enable_prefix_caching and not request.block_table and request.num_computed_tokens == 0:
             # an admission: count the lookup (only now, so a request that has to wait is counted once)
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(new_computed_blocks) * bs
             self._num_hashed[request.request_id] = len(new_computed_blocks)
+        table = request.block_table
         for block_id in new_computed_blocks:
             block = self.blocks[block_id]
             if block.ref_cnt == 0:
                 del self.free_queue[block_id]
             block.ref_cnt += 1
-            request.block_table.append(block_id)
-        for _ in range(max(0, num_new_blocks)):
-            request.block_table.append(self._take_free_block())
+            table.append(block_id)
+        if num_new_blocks > 0:
+            take = self._take_free_block
+            for _ in range(num_new_blocks):
+                table.append(take())
         return True
 
     def _take_free_block(self) -> int:
@@ -168,7 +176,8 @@ class BlockManager:
             if self.cached_blocks.get(block.block_hash) == block_id:
                 del self.cached_blocks[block.block_hash]
             block.block_hash, block.token_ids = None, ()
-        assert block.ref_cnt == 0, f"block {block_id} in the free queue with ref_cnt {block.ref_cnt}"
+        if block.ref_cnt:
+            raise AssertionError(f"block {block_id} in the free queue with ref_cnt {block.ref_cnt}")
         block.ref_cnt = 1
         return block_id
 

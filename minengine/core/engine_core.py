@@ -116,7 +116,7 @@ class EngineCore:
         start = self.clock()
         scheduler_output = self.scheduler.schedule()
         t_schedule = self.clock() - start
-        if not scheduler_output.scheduled:
+        if not scheduler_output.entries:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError(
                     f"the scheduler scheduled nothing although {len(self.scheduler.requests)} requests "
@@ -154,9 +154,9 @@ class NullExecutor:
         self.elapsed = elapsed
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        token, sampling = self.token, (s for s in scheduler_output.scheduled if s.sample)
+        token, entries = self.token, scheduler_output.entries
         if isinstance(token, int):
-            sampled = dict.fromkeys((s.request_id for s in sampling), token)
+            sampled = {e[0].request_id: token for e in entries if e[4]}
         else:
-            sampled = {s.request_id: token(s.request) for s in sampling}
+            sampled = {e[0].request_id: token(e[0]) for e in entries if e[4]}
         return ModelRunnerOutput(sampled, elapsed=self.elapsed)

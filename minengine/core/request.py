@@ -69,6 +69,10 @@ class Request:
         self.block_table: list[int] = []  # KV block ids, in order (block i holds tokens i*bs..)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids (prefix cache)
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        # Set by ``prepare_stops`` when the scheduler takes the request: what lets it append most tokens
+        # without the full stop checks (see ``Scheduler.update_from_output``).
+        self.stop_token_set: frozenset[int] = frozenset()
+        self.max_num_tokens = 0
         self.record = RequestRecord(
             request_id=self.request_id,
             arrival_time=self.arrival_time,
@@ -122,6 +126,16 @@ class Request:
         return min(max_model_len, self.num_prompt_tokens + max_tokens)
 
     # ---- updates ----
+    def prepare_stops(self, max_model_len: int) -> None:
+        """Precompute the stop rule for a scheduler with this ``max_model_len``: the token ids that can
+        stop it (EOS unless ``ignore_eos``, plus ``stop_token_ids``) and the length it stops at."""
+        params = self.sampling_params
+        stops = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stops.update(self.eos_token_ids)
+        self.stop_token_set = frozenset(stops)
+        self.max_num_tokens = self.max_total_tokens(max_model_len)
+
     def append_output_token(self, token_id: int, now: float, max_model_len: int | None = None) -> RequestStatus | None:
         """Append a sampled token; with ``max_model_len``, also return the finished status it causes (or
         None): EOS, a stop token id, max_tokens, the context limit (stop strings: see the engine). One

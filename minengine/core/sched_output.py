@@ -3,14 +3,23 @@
 It is the whole contract between the scheduler and an executor: the real model runner packs it into
 tensors, the simulator's roofline executor prices it, and neither needs anything else to run the step
 (vLLM v1 passes the same kind of object from its scheduler to its workers).
+
+Speed: the scheduler writes each request's share as a plain tuple (``entries``; a tuple costs a fifth
+of an object to build) plus the two lists a ``StepRecord`` and a cost model need
+(``decode_context_lens``, ``prefill_chunks``). ``scheduled``, the list of ``ScheduledRequest`` objects,
+is built from the tuples the first time someone asks (the model runner does; the simulator never
+does), so a simulated step with 256 decodes builds no per-request objects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minengine.core.records import StepRecord
 from minengine.core.request import Request
+
+# One request's share of a step, as the scheduler writes it: (request, num_tokens, start, is_prefill, sample).
+Entry = tuple[Request, int, int, bool, bool]
 
 
 @dataclass(slots=True)  # one per scheduled request per step: slots make it cheaper to build and read
@@ -28,63 +37,91 @@ class ScheduledRequest:
         return self.request.request_id
 
 
-@dataclass
 class SchedulerOutput:
-    """What to run in one step (batch order = ``scheduled`` order) and the numbers a StepRecord needs."""
+    """What to run in one step (batch order = ``scheduled`` order) and the numbers a StepRecord needs.
 
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_request_ids: list[str] = field(default_factory=list)
-    num_running: int = 0  # after scheduling
-    num_waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up by requests admitted in this step
-    prefix_cache_hits: int = 0
-    # Requests that finished or were aborted since the previous step: an executor that keeps per-request
-    # state (the sampler's seeded generators) drops it (vLLM's ``finished_req_ids``).
-    finished_req_ids: set[str] = field(default_factory=set)
+    The scheduler builds it from ``entries``; tests and hand-made batches may pass ``scheduled``
+    instead. Either way ``entries``, ``scheduled``, ``decode_context_lens`` and ``prefill_chunks`` agree.
+    """
+
+    def __init__(
+        self, scheduled: list[ScheduledRequest] | None = None, *, entries: list[Entry] | None = None,
+        decode_context_lens: list[int] | None = None, prefill_chunks: list[tuple[int, int]] | None = None,
+        preempted_request_ids: list[str] | None = None, num_running: int = 0, num_waiting: int = 0,
+        kv_blocks_used: int = 0, kv_blocks_total: int = 0, prefix_cache_queries: int = 0,
+        prefix_cache_hits: int = 0, finished_req_ids: set[str] | None = None,
+    ) -> None:
+        self.entries: list[Entry] = [] if entries is None else entries
+        # KV length (context + the new token) of each decode, and (chunk tokens, context before it) of
+        # each prefill chunk, in batch order: the StepRecord's fields, written as the scheduler schedules.
+        self.decode_context_lens: list[int] = [] if decode_context_lens is None else decode_context_lens
+        self.prefill_chunks: list[tuple[int, int]] = [] if prefill_chunks is None else prefill_chunks
+        self.preempted_request_ids: list[str] = preempted_request_ids or []
+        self.num_running = num_running  # after scheduling
+        self.num_waiting = num_waiting
+        self.kv_blocks_used = kv_blocks_used
+        self.kv_blocks_total = kv_blocks_total
+        self.prefix_cache_queries = prefix_cache_queries  # tokens looked up by requests admitted in this step
+        self.prefix_cache_hits = prefix_cache_hits
+        # Requests that finished or were aborted since the previous step: an executor that keeps
+        # per-request state (the sampler's seeded generators) drops it (vLLM's ``finished_req_ids``).
+        self.finished_req_ids: set[str] = set() if finished_req_ids is None else finished_req_ids
+        self._scheduled: list[ScheduledRequest] | None = None
+        if scheduled is not None:
+            self.scheduled = scheduled
+
+    def __repr__(self) -> str:
+        batch = ", ".join(f"{e[0].request_id}:{e[1]}" for e in self.entries)
+        return (f"SchedulerOutput([{batch}], preempted={self.preempted_request_ids}, "
+                f"running={self.num_running}, waiting={self.num_waiting})")
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        """The batch as ``ScheduledRequest`` objects, in order (built once, from ``entries``)."""
+        if self._scheduled is None:
+            self._scheduled = [ScheduledRequest(*e) for e in self.entries]
+        return self._scheduled
+
+    @scheduled.setter
+    def scheduled(self, value: list[ScheduledRequest]) -> None:
+        self._scheduled = value
+        self.entries = [(s.request, s.num_tokens, s.start, s.is_prefill, s.sample) for s in value]
+        self.decode_context_lens = [s.start + 1 for s in value if not s.is_prefill]
+        self.prefill_chunks = [(s.num_tokens, s.start) for s in value if s.is_prefill]
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
-        return {s.request_id: s.num_tokens for s in self.scheduled}
+        return {e[0].request_id: e[1] for e in self.entries}
 
     @property
     def total_num_scheduled_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
+        return sum(e[1] for e in self.entries)
 
     @property
     def prefill_request_ids(self) -> list[str]:
-        return [s.request_id for s in self.scheduled if s.is_prefill]
+        return [e[0].request_id for e in self.entries if e[3]]
 
     @property
     def decode_request_ids(self) -> list[str]:
-        return [s.request_id for s in self.scheduled if not s.is_prefill]
+        return [e[0].request_id for e in self.entries if not e[3]]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.is_prefill)
+        return sum(c for c, _ in self.prefill_chunks)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if not s.is_prefill)
+        return sum(e[1] for e in self.entries if not e[3])
 
     def to_step_record(self, step: int, start: float, end: float, **times: float) -> StepRecord:
-        """A StepRecord of this batch (one pass); ``times`` are t_schedule / t_prepare / t_forward / t_sample."""
-        decode_lens: list[int] = []
-        chunks: list[tuple[int, int]] = []
-        prefill_tokens = 0
-        for s in self.scheduled:
-            if s.is_prefill:
-                chunks.append((s.num_tokens, s.start))
-                prefill_tokens += s.num_tokens
-            else:
-                decode_lens.append(s.start + 1)
+        """A StepRecord of this batch; ``times`` are t_schedule / t_prepare / t_forward / t_sample."""
+        chunks, decode_lens = self.prefill_chunks, self.decode_context_lens
         return StepRecord(
             step=step,
             start=start,
             end=end,
-            num_prefill_tokens=prefill_tokens,
-            num_decode_tokens=len(self.scheduled) - len(chunks),  # a decode computes one token
+            num_prefill_tokens=sum(c for c, _ in chunks),
+            num_decode_tokens=len(self.entries) - len(chunks),  # a decode computes one token
             num_prefill_seqs=len(chunks),
             num_decode_seqs=len(decode_lens),
             num_running=self.num_running,
@@ -98,3 +135,4 @@ class SchedulerOutput:
             prefill_chunks=chunks,
             **times,
         )
+

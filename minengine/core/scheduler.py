@@ -40,7 +40,7 @@ from minengine.config import EngineConfig
 from minengine.core.block_manager import BlockManager
 from minengine.core.policies import PolicyError, SchedulingPolicy, make_policy
 from minengine.core.request import Request, RequestStatus
-from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
+from minengine.core.sched_output import Entry, SchedulerOutput
 
 # Called after each sampled token is appended: (request, finishing) -> the stop string it completed, or
 # None. The engine's detokenizer answers it (stop strings need text; the scheduler only sees ids).
@@ -122,6 +122,7 @@ class Scheduler:
                     f"{request.num_tokens - 1}] (its last token is computed here), got {num_computed_tokens}"
                 )
             self._num_external_computed[request.request_id] = num_computed_tokens
+        request.prepare_stops(self.max_model_len)
         self.waiting.append(request)
         self.requests[request.request_id] = request
 
@@ -161,7 +162,11 @@ class Scheduler:
         block_size = bm.block_size
         queries0, hits0 = bm.prefix_cache_queries, bm.prefix_cache_hits
         budget = self.max_num_batched_tokens
-        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
+        entries: list[Entry] = []
+        decode_lens: list[int] = []
+        chunks: list[tuple[int, int]] = []
+        out = SchedulerOutput(entries=entries, decode_context_lens=decode_lens, prefill_chunks=chunks,
+                              finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
         scheduled: set[str] = set()
         preempted: list[Request] = []
@@ -174,27 +179,27 @@ class Scheduler:
         # Locals and inlined properties: this loop runs for every running request at every step.
         running_status, policy_sizes = RequestStatus.RUNNING, self._policy_sizes
         decode_with_prefill = self.policy.decode_with_prefill
-        append = out.scheduled.append
+        add_entry, add_decode, add_chunk, mark = entries.append, decode_lens.append, chunks.append, scheduled.add
         for req in self.policy.order(self.running, waiting):
             if budget == 0:
                 break
             if req.status is running_status:
                 if req.request_id in scheduled:
                     continue
-                num_tokens, computed, num_prompt = len(req.token_ids), req.num_computed_tokens, req.num_prompt_tokens
+                num_tokens, start, num_prompt = len(req.token_ids), req.num_computed_tokens, req.num_prompt_tokens
                 # req.is_prefill (allocation below does not change it)
-                is_prefill = computed < (num_prompt if num_prompt > num_tokens - 1 else num_tokens - 1)
+                is_prefill = start < (num_prompt if num_prompt > num_tokens - 1 else num_tokens - 1)
                 if not is_prefill and prefill_scheduled and not decode_with_prefill:
                     continue
-                num_new = num_tokens - computed
+                num_new = num_tokens - start
                 if num_new > budget:
                     num_new = budget
                 if policy_sizes:
-                    num_new = self._policy_tokens(req, num_tokens - computed, budget)
+                    num_new = self._policy_tokens(req, num_tokens - start, budget)
                     if not num_new:
                         continue
                 # Most decode steps fit in the last block already: no allocation to ask for.
-                if computed + num_new > len(req.block_table) * block_size:
+                if start + num_new > len(req.block_table) * block_size:
                     while not bm.allocate_slots(req, num_new):
                         victims = [r for r in self.running if r.request_id not in scheduled]
                         victim = self.policy.select_victim(victims)
@@ -226,14 +231,17 @@ class Scheduler:
                     admitting = False
                     continue
                 self._admit(req, num_computed, num_cached, now)
-                is_prefill = req.is_prefill
+                is_prefill, start, num_tokens = req.is_prefill, req.num_computed_tokens, len(req.token_ids)
             else:
                 continue  # finished (aborted) after the policy ordered it
-            start = req.num_computed_tokens
-            append(ScheduledRequest(req, num_new, start, is_prefill, start + num_new == len(req.token_ids)))
-            scheduled.add(req.request_id)
+            add_entry((req, num_new, start, is_prefill, start + num_new == num_tokens))
+            if is_prefill:
+                add_chunk((num_new, start))
+                prefill_scheduled = True
+            else:
+                add_decode(start + 1)
+            mark(req.request_id)
             budget -= num_new
-            prefill_scheduled |= is_prefill
 
         out.preempted_request_ids = [r.request_id for r in preempted]
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
@@ -249,24 +257,41 @@ class Scheduler:
         """After the forward pass: advance computed tokens, cache full blocks, append sampled tokens,
         stop finished requests (EOS, stop token ids, max_tokens, max_model_len, and a stop string when
         ``stop_checker`` finds one) and free their blocks. Returns the requests that finished.
+
+        A sampled token that cannot stop the request (the common case) is appended here, in line, by
+        ``Request.append_output_token``'s rule: a length stop at ``max_num_tokens`` (set by
+        ``add_request``); a token that may stop it (an EOS, a stop token id) takes the full call.
         """
         now = self.clock() if now is None else now
         finished = []
-        running, max_model_len = RequestStatus.RUNNING, self.max_model_len
+        running, max_model_len, length = RequestStatus.RUNNING, self.max_model_len, RequestStatus.FINISHED_LENGTH
         bm, bs = self.block_manager, self.block_manager.block_size
+        caching = bm.enable_prefix_caching
         get_token = sampled_token_ids.get
-        for s in output.scheduled:
-            req = s.request
+        for req, n, start, _, sample in output.entries:
             if req.status is not running:
                 continue  # aborted while the step ran
-            start, n = s.start, s.num_tokens
             req.num_computed_tokens += n
-            if (start + n) // bs > start // bs:  # a block filled up: cache it
+            if caching and (start + n) // bs > start // bs:  # a block filled up: cache it
                 bm.cache_blocks(req)
             token = get_token(req.request_id)
             if token is None:
+                if sample:
+                    raise RuntimeError(
+                        f"the executor returned no token for request {req.request_id!r}, which sampled in "
+                        "this step: ModelRunnerOutput.sampled_token_ids needs one for every request with "
+                        "ScheduledRequest.sample"
+                    )
                 continue  # a prefill chunk that did not reach the end of the prompt
-            status = req.append_output_token(token, now, max_model_len)
+            if type(token) is not int or token in req.stop_token_set:
+                status = req.append_output_token(token, now, max_model_len)
+            else:  # append_output_token, inlined
+                token_ids, record = req.token_ids, req.record
+                token_ids.append(token)
+                record.token_times.append(now)
+                num_tokens = len(token_ids)
+                record.num_output_tokens = num_tokens - req.num_prompt_tokens
+                status = length if num_tokens >= req.max_num_tokens else None
             if stop_checker is not None:
                 stop = stop_checker(req, status is not None)
                 if stop is not None:  # a stop string wins over a length stop in the same token (as vLLM)

@@ -46,37 +46,48 @@ class RooflineExecutor:
 
     def step_cost(self, output: SchedulerOutput) -> StepCost:
         """The full breakdown (slower; for inspection and tests)."""
-        chunks = [(s.num_tokens, s.start) for s in output.scheduled]
-        return self.cost_model.step_cost(chunks, sum(s.sample for s in output.scheduled))
+        chunks = [(e[1], e[2]) for e in output.entries]
+        return self.cost_model.step_cost(chunks, sum(e[4] for e in output.entries))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """A dummy token for every request that samples; the step takes ``step_time`` seconds."""
-        sampled: dict[str, int] = {}
-        eos_at = self.eos_at
-        for s in scheduler_output.scheduled:  # one pass: this runs once per request per simulated step
-            if s.sample:
-                req = s.request
-                n = eos_at.get(req.request_id)
-                eos = n is not None and len(req.token_ids) - req.num_prompt_tokens + 1 >= n
-                sampled[req.request_id] = EOS_TOKEN if eos else DUMMY_TOKEN
-        return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output))
+        eos_at, entries = self.eos_at, scheduler_output.entries
+        if not eos_at:  # this runs once per request per simulated step: a comprehension, nothing else
+            sampled = {e[0].request_id: DUMMY_TOKEN for e in entries if e[4]}
+        else:
+            sampled = {}
+            for req, _, _, _, sample in entries:
+                if sample:
+                    n = eos_at.get(req.request_id)
+                    eos = n is not None and len(req.token_ids) - req.num_prompt_tokens + 1 >= n
+                    sampled[req.request_id] = EOS_TOKEN if eos else DUMMY_TOKEN
+        return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output, len(sampled)))
 
-    def step_time(self, output: SchedulerOutput) -> float:
-        """Predicted seconds for this step."""
+    def step_time(self, output: SchedulerOutput, num_sampled: int | None = None) -> float:
+        """Predicted seconds for this step (``num_sampled``: the LM-head rows, if the caller counted them).
+
+        Decodes come from ``decode_context_lens`` in bulk (a decode computes one token, so its chunk is
+        ``(1, length - 1)``); only the prefill chunks are looked at one by one, and a one-token chunk is
+        priced as a decode, as ``CostModel.step_cost`` does.
+        """
         if not self._full_attention:
             return self.step_cost(output).time
-        tokens = sampled = p_pairs = p_kv = d_pairs = d_kv = decodes = 0
-        for s in output.scheduled:
-            c, p = s.num_tokens, s.start
+        lens = output.decode_context_lens
+        decodes = len(lens)
+        d_kv = sum(lens)
+        tokens = decodes
+        sampled = decodes if num_sampled is None else num_sampled
+        p_pairs = p_kv = 0
+        for c, p in output.prefill_chunks:
             tokens += c
-            sampled += s.sample
             if c == 1:
                 decodes += 1
                 d_kv += p + 1
-                d_pairs += p + 1
             else:
                 p_kv += p + 2 * c  # reads context + chunk, writes the chunk
                 p_pairs += c * p + c * (c + 1) // 2
+        if num_sampled is None:
+            sampled += sum(1 for e in output.entries if e[3] and e[4])
         if not tokens:
             return 0.0
         t_pair, t_kv = self._t_pair, self._t_kv
@@ -87,5 +98,5 @@ class RooflineExecutor:
         if p_pairs:
             t += max(p_pairs * t_pair, p_kv * t_kv)
         if decodes:
-            t += max(d_pairs * t_pair, (d_kv + decodes) * t_kv)
-        return t + tokens * self._t_elem + self._overhead + self._per_seq * len(output.scheduled)
+            t += max(d_kv * t_pair, (d_kv + decodes) * t_kv)
+        return t + tokens * self._t_elem + self._overhead + self._per_seq * len(output.entries)
