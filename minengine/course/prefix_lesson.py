@@ -17,6 +17,7 @@ from typing import Any
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
 from minengine.course.lessons import RunResult, WorkRequest, run_requests
+from minengine.course.real_model_lesson import chat_prompt
 
 # A system prompt of rules, the kind an assistant carries in front of every conversation.
 RULES = (
@@ -181,3 +182,56 @@ def documents(n: int = 10, sentences: int = 6) -> list[str]:
 def rag_prompt(system: str, docs: Sequence[str], question: str) -> str:
     """System prompt, then the documents in the order given, then the question (what changes last)."""
     return system + "".join(docs) + "Child: " + question + "\nPip:"
+
+
+# A deployed assistant's system prompt (written for the course; the company is made up): who it is, what it
+# knows, how it answers. Several hundred tokens, the same in front of every conversation.
+ASSISTANT_SYSTEM = (
+    "You are Juno, the support assistant of Larkfield Cloud, a company that stores files for small "
+    "businesses and families. You answer questions from customers in the chat window of our website.\n\n"
+    "What you know about the service:\n"
+    "- Plans: Free (5 GB, one user), Home (200 GB, up to five people, 4 euros a month) and Team "
+    "(2 TB shared, up to fifty users, 9 euros per user a month). Yearly billing saves two months.\n"
+    "- Files deleted by a user stay in the Bin for 30 days on Home and Team, 7 days on Free, and can be "
+    "restored from there. After that they are gone for good.\n"
+    "- Every file keeps its earlier versions for 90 days on Team and 30 days on Home. Free keeps none.\n"
+    "- A single upload can be up to 50 GB from the desktop app and 5 GB from the browser.\n"
+    "- Files are encrypted in transit and at rest. Team plans can turn on two-step sign-in for everyone.\n"
+    "- Folders can be shared by link (view only or edit) or with named people. Links can expire.\n"
+    "- Customers can cancel at any time under Settings, Billing. The plan stays active to the end of "
+    "the period already paid, then the account becomes Free. Nothing is deleted, but uploads stop "
+    "while the account holds more than 5 GB.\n"
+    "- Support by email answers within one working day; Team customers can also book a phone call.\n\n"
+    "How you answer:\n"
+    "1. Be friendly, short and concrete: two to four sentences unless the customer asks for steps.\n"
+    "2. When you give steps, number them and name the buttons exactly as they appear in the app.\n"
+    "3. Only state facts from the list above. If you do not know, say so and offer the email support.\n"
+    "4. Never ask for a password, a full card number or a one-time code, and tell the customer to "
+    "ignore anyone who does.\n"
+    "5. Do not promise refunds, discounts or dates; a person from the billing team decides those.\n"
+    "6. If a customer is upset, acknowledge it in one sentence before you answer.\n"
+    "7. Answer in the language the customer writes in.\n"
+    "8. End with one short question that checks the problem is solved, for example: Did that help?"
+)
+SUPPORT_QUESTIONS = (
+    "How much does the Team plan cost for 12 people?",
+    "I deleted a folder two weeks ago. Can I still get it back?",
+    "What is the biggest file I can upload from my browser?",
+    "How do I share a folder with my accountant?",
+    "If I cancel, do I lose my photos?",
+    "Are my files encrypted?",
+)
+
+
+def chat_prompts(tokenizer: Any, system: str, questions: Sequence[str]) -> list[str]:
+    """One prompt per question, each the system prompt and the question through the model's chat template."""
+    return [chat_prompt(tokenizer, q, system=system) for q in questions]
+
+
+def show_tokens(tokenizer: Any, ids: Sequence[int], mark: int | None = None) -> str:
+    """Token ids with their text, ``id:'text'``, separated by spaces; ``mark`` puts ``>>`` before one index."""
+    parts = []
+    for i, t in enumerate(ids):
+        piece = tokenizer.decode([t])
+        parts.append(f"{'>>' if i == mark else ''}{t}:{piece!r}")
+    return " ".join(parts)
