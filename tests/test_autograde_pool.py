@@ -1,5 +1,6 @@
-"""Grading on several cores: how the class is shared out (the grading invariants themselves are checked,
-on the parallel path, by tests/test_grading.py, and on the one-at-a-time path by test_grading_keys.py)."""
+"""Grading on several cores: how the class is shared out. The grading invariants themselves are checked
+on the parallel path by tests/test_grading.py and test_grading_keys.py's second seed, and on the
+one-at-a-time path by ``make grade`` (test_grading_keys.py) and the JupyterHub class (test_hub.py)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import pytest
 
 from minengine.course import grading
 from minengine.course import tooling as course
+from minengine.course.autograde_pool import default_workers
 from minengine.course.templating import (
     LETTERS,
     TemplateError,
@@ -111,7 +112,7 @@ def test_a_second_course_seed_still_gives_the_source_full_marks(tmp_path: Path) 
     assert grading.course_seed(course_dir) == 424242  # kept for later releases and regrades
     for assignment in SOURCES:
         grading.submit("solution", [notebook_of(course_dir / "source" / assignment)], course_dir)
-    for score in grading.autograde(course_dir):
+    for score in grading.autograde(course_dir, workers=default_workers()):
         assert score.score == score.max_score > 0, score
 
 
