@@ -78,6 +78,10 @@ class BlockManager:
     # ---- prefix cache ----
     def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The chained hashes of the request's first ``num_blocks`` full blocks (extended as needed)."""
+        self._extend_hashes(request, num_blocks)
+        return request.block_hashes[:num_blocks]
+
+    def _extend_hashes(self, request: Request, num_blocks: int) -> None:
         hashes, bs = request.block_hashes, self.block_size
         if len(hashes) < num_blocks:
             token_ids, add = request.token_ids, hashes.append
@@ -85,7 +89,6 @@ class BlockManager:
             for i in range(len(hashes), num_blocks):  # hash_block_tokens, inlined
                 parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
                 add(parent)
-        return hashes[:num_blocks]
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest cached prefix of a new request: (block ids, number of tokens they hold)."""
@@ -115,7 +118,9 @@ class BlockManager:
         if num_full <= start:
             return
         bs, blocks, cached = self.block_size, self.blocks, self.cached_blocks
-        hashes, token_ids = self.block_hashes(request, num_full), request.token_ids
+        hashes, token_ids = request.block_hashes, request.token_ids
+        if len(hashes) < num_full:
+            self._extend_hashes(request, num_full)
         for i in range(start, num_full):
             block = blocks[block_table[i]]
             h = hashes[i]
@@ -163,34 +168,32 @@ class BlockManager:
             block.ref_cnt += 1
             table.append(block_id)
         if num_new_blocks > 0:
-            take = self._take_free_block
-            for _ in range(num_new_blocks):
-                table.append(take())
+            pop, blocks, cached = self.free_queue.popitem, self.blocks, self.cached_blocks
+            for _ in range(num_new_blocks):  # _take_free_block, inlined
+                block_id, _ = pop(last=False)
+                block = blocks[block_id]
+                if block.block_hash is not None:  # it was cached: evict it from the cache now
+                    if cached.get(block.block_hash) == block_id:
+                        del cached[block.block_hash]
+                    block.block_hash, block.token_ids = None, ()
+                if block.ref_cnt:
+                    raise AssertionError(f"block {block_id} in the free queue with ref_cnt {block.ref_cnt}")
+                block.ref_cnt = 1
+                table.append(block_id)
         return True
-
-    def _take_free_block(self) -> int:
-        """Pop the least recently used free block; if it was cached, evict it from the cache now."""
-        block_id, _ = self.free_queue.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:
-            if self.cached_blocks.get(block.block_hash) == block_id:
-                del self.cached_blocks[block.block_hash]
-            block.block_hash, block.token_ids = None, ()
-        if block.ref_cnt:
-            raise AssertionError(f"block {block_id} in the free queue with ref_cnt {block.ref_cnt}")
-        block.ref_cnt = 1
-        return block_id
 
     def free(self, request: Request) -> None:
         """Drop the request's references; blocks nobody uses go to the free queue (keeping their hash)."""
+        blocks, queue = self.blocks, self.free_queue
         for block_id in reversed(request.block_table):  # the sequence's tail goes in (and out) first
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_cnt -= 1
-            assert block.ref_cnt >= 0, f"block {block_id} freed more often than it was taken"
-            if block.ref_cnt == 0:
-                self.free_queue[block_id] = None
+            if block.ref_cnt <= 0:
+                if block.ref_cnt:
+                    raise AssertionError(f"block {block_id} freed more often than it was taken")
+                queue[block_id] = None
                 if block.block_hash is None:
-                    self.free_queue.move_to_end(block_id, last=False)  # nothing cached: reuse it first
+                    queue.move_to_end(block_id, last=False)  # nothing cached: reuse it first
         request.block_table = []
         self._num_hashed.pop(request.request_id, None)
 

@@ -20,10 +20,14 @@ def split_by_phase(requests: Sequence[Request]) -> tuple[list[Request], list[Req
     """(decoding, prefilling) requests, each in the given order: one pass, one ``is_prefill`` each."""
     decodes: list[Request] = []
     prefills: list[Request] = []
+    decode, prefill = decodes.append, prefills.append
     for r in requests:
         # ``r.is_prefill``, inlined: this runs for every running request at every step
-        n, p = len(r.token_ids) - 1, r.num_prompt_tokens
-        (prefills if r.num_computed_tokens < (p if p > n else n) else decodes).append(r)
+        c = r.num_computed_tokens
+        if c < r.num_prompt_tokens or c < len(r.token_ids) - 1:
+            prefill(r)
+        else:
+            decode(r)
     return decodes, prefills
 
 

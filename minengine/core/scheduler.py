@@ -38,7 +38,13 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.block_manager import BlockManager
-from minengine.core.policies import PolicyError, SchedulingPolicy, make_policy
+from minengine.core.policies import (
+    DecodeFirstPolicy,
+    PolicyError,
+    PrefillFirstPolicy,
+    SchedulingPolicy,
+    make_policy,
+)
 from minengine.core.request import Request, RequestStatus
 from minengine.core.sched_output import Entry, SchedulerOutput
 
@@ -168,6 +174,9 @@ class Scheduler:
         out = SchedulerOutput(entries=entries, decode_context_lens=decode_lens, prefill_chunks=chunks,
                               finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
+        # Ids scheduled so far in this step. A built-in policy never offers a request twice, so for it the
+        # set is only built when a preemption or an admission needs it (``_scheduled_ids``).
+        dedupe = type(self.policy) not in (DecodeFirstPolicy, PrefillFirstPolicy)
         scheduled: set[str] = set()
         preempted: list[Request] = []
         admitting = True
@@ -179,36 +188,47 @@ class Scheduler:
         # Locals and inlined properties: this loop runs for every running request at every step.
         running_status, policy_sizes = RequestStatus.RUNNING, self._policy_sizes
         decode_with_prefill = self.policy.decode_with_prefill
-        add_entry, add_decode, add_chunk, mark = entries.append, decode_lens.append, chunks.append, scheduled.add
+        add_entry, add_decode, add_chunk = entries.append, decode_lens.append, chunks.append
         for req in self.policy.order(self.running, waiting):
             if budget == 0:
                 break
             if req.status is running_status:
-                if req.request_id in scheduled:
+                if dedupe and req.request_id in scheduled:
                     continue
-                num_tokens, start, num_prompt = len(req.token_ids), req.num_computed_tokens, req.num_prompt_tokens
-                # req.is_prefill (allocation below does not change it)
-                is_prefill = start < (num_prompt if num_prompt > num_tokens - 1 else num_tokens - 1)
-                if not is_prefill and prefill_scheduled and not decode_with_prefill:
+                start = req.num_computed_tokens
+                num_needed = len(req.token_ids) - start  # >= 1 for a running request
+                if num_needed == 1 and start >= req.num_prompt_tokens:  # a decode: not req.is_prefill
+                    if prefill_scheduled and not decode_with_prefill:
+                        continue
+                    if policy_sizes and not self._policy_tokens(req, 1, budget):
+                        continue
+                    # Most decode steps fit in the last block already: no allocation to ask for.
+                    if start >= len(req.block_table) * block_size and not self._allocate_running(
+                        req, 1, entries, scheduled if dedupe else None, preempted
+                    ):
+                        continue  # it preempted itself
+                    add_entry((req, 1, start, False, True))
+                    add_decode(start + 1)
+                    if dedupe:
+                        scheduled.add(req.request_id)
+                    budget -= 1
                     continue
-                num_new = num_tokens - start
-                if num_new > budget:
-                    num_new = budget
+                num_new = num_needed if num_needed <= budget else budget
                 if policy_sizes:
-                    num_new = self._policy_tokens(req, num_tokens - start, budget)
+                    num_new = self._policy_tokens(req, num_needed, budget)
                     if not num_new:
                         continue
-                # Most decode steps fit in the last block already: no allocation to ask for.
-                if start + num_new > len(req.block_table) * block_size:
-                    while not bm.allocate_slots(req, num_new):
-                        victims = [r for r in self.running if r.request_id not in scheduled]
-                        victim = self.policy.select_victim(victims)
-                        self._preempt(victim)
-                        preempted.append(victim)
-                        if victim is req:
-                            break
-                    if req.status is not running_status:
-                        continue  # it preempted itself
+                if start + num_new > len(req.block_table) * block_size and not self._allocate_running(
+                    req, num_new, entries, scheduled if dedupe else None, preempted
+                ):
+                    continue
+                add_entry((req, num_new, start, True, num_new == num_needed))
+                add_chunk((num_new, start))
+                if dedupe:
+                    scheduled.add(req.request_id)
+                prefill_scheduled = True
+                budget -= num_new
+                continue
             elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 # Includes requests preempted earlier in this loop: nothing is admitted after a preemption.
                 if not admitting or preempted or len(self.running) >= self.max_num_seqs:
@@ -227,21 +247,24 @@ class Scheduler:
                 num_new = min(num_new, budget)
                 # Blocks for the KV that arrives from elsewhere are allocated like new tokens' blocks.
                 num_slots = num_computed - num_cached + num_new
-                if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(scheduled, budget - num_new)):
+                ids = scheduled if dedupe else self._scheduled_ids(entries)
+                if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(ids, budget - num_new)):
                     admitting = False
                     continue
                 self._admit(req, num_computed, num_cached, now)
-                is_prefill, start, num_tokens = req.is_prefill, req.num_computed_tokens, len(req.token_ids)
-            else:
-                continue  # finished (aborted) after the policy ordered it
-            add_entry((req, num_new, start, is_prefill, start + num_new == num_tokens))
-            if is_prefill:
-                add_chunk((num_new, start))
-                prefill_scheduled = True
-            else:
-                add_decode(start + 1)
-            mark(req.request_id)
-            budget -= num_new
+                if dedupe:
+                    scheduled.add(req.request_id)
+                start = req.num_computed_tokens
+                sample = start + num_new == len(req.token_ids)
+                if req.is_prefill:
+                    add_entry((req, num_new, start, True, sample))
+                    add_chunk((num_new, start))
+                    prefill_scheduled = True
+                else:
+                    add_entry((req, num_new, start, False, sample))
+                    add_decode(start + 1)
+                budget -= num_new
+            # else: finished (aborted) after the policy ordered it
 
         out.preempted_request_ids = [r.request_id for r in preempted]
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
@@ -271,8 +294,9 @@ class Scheduler:
         for req, n, start, _, sample in output.entries:
             if req.status is not running:
                 continue  # aborted while the step ran
-            req.num_computed_tokens += n
-            if caching and (start + n) // bs > start // bs:  # a block filled up: cache it
+            end = start + n
+            req.num_computed_tokens = end  # it was ``start``: only the scheduler moves it
+            if caching and end // bs > start // bs:  # a block filled up: cache it
                 bm.cache_blocks(req)
             token = get_token(req.request_id)
             if token is None:
@@ -283,15 +307,17 @@ class Scheduler:
                         "ScheduledRequest.sample"
                     )
                 continue  # a prefill chunk that did not reach the end of the prompt
-            if type(token) is not int or token in req.stop_token_set:
-                status = req.append_output_token(token, now, max_model_len)
-            else:  # append_output_token, inlined
+            if type(token) is int and token not in req.stop_token_set:  # append_output_token, inlined
                 token_ids, record = req.token_ids, req.record
                 token_ids.append(token)
                 record.token_times.append(now)
                 num_tokens = len(token_ids)
                 record.num_output_tokens = num_tokens - req.num_prompt_tokens
+                if num_tokens < req.max_num_tokens and stop_checker is None:
+                    continue  # the common case: not finished
                 status = length if num_tokens >= req.max_num_tokens else None
+            else:
+                status = req.append_output_token(token, now, max_model_len)
             if stop_checker is not None:
                 stop = stop_checker(req, status is not None)
                 if stop is not None:  # a stop string wins over a length stop in the same token (as vLLM)
@@ -321,6 +347,27 @@ class Scheduler:
                 f"its {num_needed} prompt tokens, but chunked prefill is off: all of them or 0"
             )
         return n
+
+    @staticmethod
+    def _scheduled_ids(entries: list[Entry]) -> set[str]:
+        return {e[0].request_id for e in entries}
+
+    def _allocate_running(
+        self, req: Request, num_new: int, entries: list[Entry], scheduled: set[str] | None,
+        preempted: list[Request],
+    ) -> bool:
+        """Blocks for a running request's next ``num_new`` tokens, preempting the policy's victims (among
+        the running requests not scheduled yet in this step) until they fit. False: it preempted itself."""
+        ids = scheduled
+        while not self.block_manager.allocate_slots(req, num_new):
+            if ids is None:
+                ids = self._scheduled_ids(entries)
+            victim = self.policy.select_victim([r for r in self.running if r.request_id not in ids])
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                break
+        return req.status is RequestStatus.RUNNING
 
     def _reserve(self, scheduled: set[str], budget: int) -> int:
         """Blocks that running requests not yet scheduled in this step may still need (for their next
