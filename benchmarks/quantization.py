@@ -70,7 +70,9 @@ def minengine_rows(args: argparse.Namespace, bandwidth: float) -> tuple[dict[str
     results = wq.compare_plans(llm, prompts, text, MINENGINE_KEYS, args.tokens, args.n_ctx, args.max_chunks,
                                progress=not args.smoke)
     reference = results[0].tokens
-    rows: dict[str, Any] = {}
+    same, total = wq.unchanged_by(llm, wq.PLANS["Q4_1"])
+    print(f"storing minengine's fp32 weights as Q4_1 (embedding Q8_0) leaves {same} of {total} matrices unchanged")
+    rows: dict[str, Any] = {"_unchanged_by_q4_1": f"{same} of {total} matrices"}
     for r in results:
         rows[f"minengine {r.plan.label}"] = {
             "engine": "minengine, weights only", "bytes": r.bytes_per_step, "ppl": r.perplexity,
@@ -88,8 +90,9 @@ def minengine_rows(args: argparse.Namespace, bandwidth: float) -> tuple[dict[str
     if not args.skip_timing:
         row["decode_ms"] = decode_ms(bf16, prompts[0], args.gen)
     rows["minengine bf16 (engine)"] = row
-    for r in rows.values():
-        r["floor_ms"] = r["bytes"] / bandwidth * 1e3
+    for key, r in rows.items():
+        if not key.startswith("_"):
+            r["floor_ms"] = r["bytes"] / bandwidth * 1e3
     return rows, reference, (prompts, text)
 
 
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows, reference, (prompts, _text) = minengine_rows(args, bandwidth)
     results: dict[str, Any] = {"machine": common.machine_line(), "command": common.command_line(),
                                "bandwidth_gb_s": bandwidth / 1e9, "model": args.model, "prompts": len(prompts),
-                               "tokens": args.tokens, "n_ctx": args.n_ctx, "rows": rows}
+                               "tokens": args.tokens, "n_ctx": args.n_ctx,
+                               "unchanged_by_q4_1": rows.pop("_unchanged_by_q4_1"), "rows": rows}
     if not args.skip_llamacpp:
         if args.model != "smollm2-135m" or not llamacpp.have_tools():
             print(f"llama.cpp rows skipped: they need smollm2-135m and the tools under {llamacpp.BUILD} "

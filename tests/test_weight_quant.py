@@ -206,3 +206,20 @@ def test_smollm2_kv_facts_come_from_its_gguf_metadata():
     row = ql.gqa_row("smollm2", facts.spec)
     assert (row.layers, row.q_heads, row.kv_heads, row.head_dim) == (30, 9, 3, 64)
     assert row.bytes_per_token == 23040 and row.saving == 3
+
+
+def test_unchanged_by_tells_quantized_values_from_trained_ones():
+    model = _tiny_model()
+    plan, n = wq.PLANS["Q4_1"], len(list(wq.matrices(model)))
+    assert n >= 5  # the embedding and at least two matrices per layer (fused or not)
+    assert wq.unchanged_by(model, plan) == (0, n)  # random weights: every matrix would be rounded
+    with torch.no_grad():
+        for _name, p, emb in wq.matrices(model):
+            p.copy_(wq.round_trip(p.detach(), plan.embedding if emb else plan.layers))
+    assert wq.unchanged_by(model, plan) == (n, n)  # now they are on the grid: storing them again is exact
+
+
+def test_compare_plans_takes_a_plan_of_your_own_and_names_a_bad_format():
+    model = _tiny_model()
+    with pytest.raises(ValueError, match="unknown weight format 'Q5_0'"):
+        wq.compare_plans(model, [[1, 2]], list(range(70)), [wq.WeightPlan("mine", "Q5_0", "Q8_0")], progress=False)

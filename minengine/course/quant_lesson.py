@@ -140,3 +140,51 @@ def step_bytes(model: Any, config: Any, weights: Sequence[str], kv: Sequence[str
             per_token = kv_bytes_per_token(config, bits, "per-head", elem)
             rows.append(StepBytes(PLANS[w].label, k, batch, context, wb, per_token * batch * context))
     return rows
+
+
+def model_kv_spec(name: str) -> tuple[Any, GGUFKVFacts | None]:
+    """A model's KV calculator spec: read from its GGUF metadata when it is a packaged GGUF model (the
+    facts come back too, to print), else from its ``config.json``."""
+    from minengine.models.loader import ModelPackageMissingError, packaged_model_file, resolve_model_path
+    from minengine.perf.model_spec import from_hf_config
+
+    try:
+        facts = gguf_kv_facts(packaged_model_file(name))
+        return facts.spec, facts
+    except (ModelPackageMissingError, KeyError, ValueError):
+        return from_hf_config(resolve_model_path(name), name=name), None
+
+
+def format_gqa_table(rows: Sequence[GQARow]) -> str:
+    lines = [f"{'model':>24} {'layers':>6} {'q heads':>7} {'KV heads':>8} {'head_dim':>8} {'KV/token':>10} "
+             f"{'as MHA':>10} {'GQA saves':>9}"]
+    for r in rows:
+        lines.append(f"{r.name:>24} {r.layers:6d} {r.q_heads:7d} {r.kv_heads:8d} {r.head_dim:8d} "
+                     f"{r.bytes_per_token / 1024:7.1f} KiB {r.mha_bytes_per_token / 1024:6.1f} KiB {r.saving:8.0f}x")
+    return "\n".join(lines)
+
+
+def format_step_table(rows: Sequence[StepBytes], bandwidth: float) -> str:
+    """One line per weight format; per KV format the step's MB and its floor at ``bandwidth`` bytes/s."""
+    kvs = list(dict.fromkeys(r.kv for r in rows))
+    head = f"{'weights':>18} {'weights MB':>10} " + " ".join(f"{'KV ' + k + ': MB, floor':>24}" for k in kvs)
+    lines = [head]
+    for w in dict.fromkeys(r.weights for r in rows):
+        mine = {r.kv: r for r in rows if r.weights == w}
+        first = next(iter(mine.values()))
+        cells = [f"{mine[k].total / 1e6:12,.0f} MB {mine[k].floor_ms(bandwidth):6.1f} ms" for k in kvs]
+        lines.append(f"{w:>18} {first.weight_bytes / 1e6:10.1f} " + " ".join(f"{c:>24}" for c in cells))
+    return "\n".join(lines)
+
+
+def format_results(results: Sequence[Any], bandwidth: float) -> str:
+    """``weight_quant.compare_plans`` results as a table: bytes, floor, perplexity and agreement."""
+    ref = results[0].perplexity
+    lines = [f"{'weights':>18} {'MB/step':>8} {'floor':>8} {'perplexity':>10} {'vs ref':>7} {'tokens same':>11} "
+             f"{'answers same':>12} {'parted at':>9}"]
+    for r in results:
+        a = r.agreement
+        lines.append(f"{r.plan.label:>18} {r.bytes_per_step / 1e6:8.1f} {r.bytes_per_step / bandwidth * 1e3:5.1f} ms "
+                     f"{r.perplexity:10.3f} {100 * (r.perplexity / ref - 1):+6.1f}% {100 * a.token_share:10.0f}% "
+                     f"{a.identical:>5d} of {len(a.first_diffs):<3d} {a.median_first_diff:9.0f}")
+    return "\n".join(lines)

@@ -112,12 +112,15 @@ def causal_lm(model: Any) -> Any:
     return getattr(model, "llm_engine", model).model
 
 
-def _matrices(model: Any) -> Iterator[tuple[str, torch.nn.Parameter, bool]]:
-    """(name, parameter, is_embedding) for every 2-D weight; 1-D norms are left alone (GGUF keeps them fp32)."""
+def matrices(model: Any) -> Iterator[tuple[str, torch.nn.Parameter, bool]]:
+    """(name, parameter, is_embedding) for every 2-D weight, each once (a tied LM head is the embedding).
+
+    1-D norms are not listed: GGUF files keep them in fp32 whatever the format.
+    """
     net = causal_lm(model)
     seen: set[int] = set()
     for name, p in net.named_parameters():
-        if p.dim() == 2 and id(p) not in seen:  # a tied LM head is the embedding: once
+        if p.dim() == 2 and id(p) not in seen:
             seen.add(id(p))
             yield name, p, "embed" in name or "lm_head" in name
 
@@ -132,7 +135,7 @@ def quantized_weights(model: Any, plan: WeightPlan) -> Iterator[None]:
     saved: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     try:
         with torch.no_grad():
-            for _name, p, is_embedding in _matrices(model):
+            for _name, p, is_embedding in matrices(model):
                 fmt = plan.embedding if is_embedding else plan.layers
                 if fmt == "fp32" or (fmt not in ("bf16", "f16") and p.shape[-1] % BLOCK_SIZE):
                     continue
@@ -145,14 +148,24 @@ def quantized_weights(model: Any, plan: WeightPlan) -> Iterator[None]:
                 p.copy_(original)
 
 
+def unchanged_by(model: Any, plan: WeightPlan) -> tuple[int, int]:
+    """(matrices that storing in ``plan`` leaves exactly as they are, matrices): the test that a model's
+    float weights are already on a quantized grid."""
+    same = total = 0
+    for _name, p, is_embedding in matrices(model):
+        total += 1
+        same += bool(torch.equal(round_trip(p.detach(), plan.embedding if is_embedding else plan.layers), p.detach()))
+    return same, total
+
+
 def weight_bytes(model: Any, plan: WeightPlan) -> int:
     """Bytes one batch-1 decode step reads for the weights stored as ``plan`` (norms in fp32, as GGUF)."""
     net = causal_lm(model)
-    matrices = {id(p): emb for _n, p, emb in _matrices(net)}
+    is_embedding = {id(p): emb for _n, p, emb in matrices(net)}
     total = 0.0
     for p in {id(p): p for p in net.parameters()}.values():
-        if id(p) in matrices:
-            total += p.numel() * plan.bits("embedding" if matrices[id(p)] else "layers") / 8
+        if id(p) in is_embedding:
+            total += p.numel() * plan.bits("embedding" if is_embedding[id(p)] else "layers") / 8
         else:
             total += p.numel() * (4 if plan.layers not in ("bf16", "f16") else 2)
     return int(total)
@@ -236,16 +249,21 @@ class WeightResult:
 
 
 def compare_plans(llm: Any, prompts: Sequence[Sequence[int]], text_ids: Sequence[int],
-                  keys: Sequence[str] = ("fp32", "bf16", "Q8_0", "Q4_0", "int3"), max_tokens: int = 64,
+                  keys: Sequence[str | WeightPlan] = ("fp32", "bf16", "Q8_0", "Q4_0", "int3"), max_tokens: int = 64,
                   n_ctx: int = 512, max_chunks: int | None = None, progress: bool = True) -> list[WeightResult]:
-    """Perplexity and greedy agreement of each plan in ``keys``; the first is the reference.
+    """Perplexity and greedy agreement of each plan (a key of ``PLANS`` or a ``WeightPlan`` of your own);
+    the first is the reference.
 
     Run it on an fp32 engine: each plan rounds the engine's own weights in place, then restores them.
     """
     results: list[WeightResult] = []
     reference: list[list[int]] | None = None
     for key in tqdm(keys, desc="weight formats", disable=not progress):
-        plan = PLANS[key]
+        plan = key if isinstance(key, WeightPlan) else PLANS[key]
+        key = plan.label if isinstance(key, WeightPlan) else key
+        for fmt in (plan.layers, plan.embedding):
+            if fmt not in BITS_PER_WEIGHT:
+                raise ValueError(f"unknown weight format {fmt!r}; known: {', '.join(BITS_PER_WEIGHT)}")
         with quantized_weights(llm, plan):
             tokens = greedy_tokens(llm, prompts, max_tokens)
             ppl = chunked_perplexity(llm, text_ids, n_ctx, max_chunks)
