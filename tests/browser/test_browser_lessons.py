@@ -48,6 +48,10 @@ def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
         scroll_to_cell(page, plots[-1])
     expect_visible_image(page)
     screenshot(page, "lesson00_run_all")
+    # The same measurement on the real model the switch picked (SmolLM2, or the tiny one as a fallback).
+    assert len(plots) >= 2, "lesson 00 drew the tiny model's pause and stream but not the real model's"
+    show_output(page, find_cell(cells, r"the pause and the stream, \{picked"))
+    screenshot(page, "lesson00_real_model")
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
