@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/sim_bench.py                       # 10k requests x 2 patterns, calibration
     .venv/bin/python benchmarks/sim_bench.py --skip-calibration --repeats 3
     .venv/bin/python benchmarks/sim_bench.py --smoke
+    .venv/bin/python benchmarks/sim_bench.py --skip-calibration --num-requests 100000 --workloads poisson
+
+Both the wall time and the process's CPU time are reported: on a shared machine the CPU time moves
+less with the neighbours' load (the run is single-threaded, so alone the two agree).
 
 Speed matters because lessons sweep request rates and cluster shapes interactively: a simulator that
 takes minutes per point kills the exploration. The simulator runs the engine's real ``Scheduler`` and
@@ -35,17 +39,19 @@ except ImportError:  # run as a script: python benchmarks/sim_bench.py
 def sim_speed(num_requests: int, rate: float, repeats: int, model: str, gpu: str, bar: Any) -> dict[str, Any]:
     lengths = Uniform(100, 1024)
     work = synthetic_workload(num_requests, rate, lengths, lengths, seed=0)
-    walls, loads, result = [], [], None
+    walls, cpus, loads, result = [], [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = Simulator(model, gpu).run(work)
         walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
         loads.append(common.loadavg()[0])
         bar.update(1)
     assert result is not None
     s = result.summary()
     wall = common.median(walls)
     return {"requests": num_requests, "rate": rate, "wall_s": wall, "walls": walls,
+            "cpu_s": common.median(cpus), "cpus": cpus,
             "steps": len(result.steps), "steps_per_s": len(result.steps) / wall,
             "requests_per_wall_s": num_requests / wall, "simulated_s": s.duration,
             "sim_output_tok_s": s.output_throughput, "loads": loads}
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=1, help="runs per workload (~1 min each here)")
     ap.add_argument("--calib-requests", type=int, default=24, help="requests of the calibration workload")
     ap.add_argument("--skip-calibration", action="store_true")
+    ap.add_argument("--workloads", default="poisson,offline", help="comma-separated: poisson, offline")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="200 requests, 1 repeat, tiny calibration")
     args = ap.parse_args(argv)
@@ -67,9 +74,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.num_requests, args.repeats, args.calib_requests = 200, 1, 6
     print(common.machine_line())
     out: dict[str, Any] = {}
-    total = 2 * args.repeats + (not args.skip_calibration)
+    workloads = [w for w in (("poisson", args.rate), ("offline", float("inf"))) if w[0] in args.workloads.split(",")]
+    if not workloads:
+        ap.error(f"--workloads {args.workloads!r}: name poisson, offline or both")
+    total = len(workloads) * args.repeats + (not args.skip_calibration)
     with tqdm(total=total, desc="simulations", dynamic_ncols=True) as bar:
-        for name, rate in (("poisson", args.rate), ("offline", float("inf"))):
+        for name, rate in workloads:
             out[name] = sim_speed(args.num_requests, rate, args.repeats, args.model, args.gpu, bar)
         if not args.skip_calibration:
             from minengine.sim.calibrate import MEDIUM_LLAMA, calibrate
@@ -89,11 +99,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"simulated {args.model} on {args.gpu} (per-op roofline, table efficiencies), prompt and output lengths uniform in "
           f"[100, 1024], engine defaults; median of {args.repeats} runs\n")
     rows = [[f"{name} ({'rate ' + format(r['rate'], 'g') + '/s' if name == 'poisson' else 'all at t=0'})",
-             f"{r['requests']:,}", f"**{r['wall_s']:.2f}**", f"{r['steps']:,}", f"{r['steps_per_s']:,.0f}",
+             f"{r['requests']:,}", f"**{r['wall_s']:.2f}**", f"{r['cpu_s']:.2f}", f"{r['steps']:,}", f"{r['steps_per_s']:,.0f}",
              f"{r['requests_per_wall_s']:,.0f}", f"{r['simulated_s']:.0f}", f"{r['sim_output_tok_s']:,.0f}",
              " ".join(f"{x:.2f}" for x in r["loads"])]
             for name, r in out.items() if name != "calibration"]
-    print(common.md_table(["workload", "requests", "wall s", "sim steps", "steps/s", "requests/s",
+    print(common.md_table(["workload", "requests", "wall s", "CPU s", "sim steps", "steps/s", "requests/s",
                            "simulated s", "sim output tok/s", "load avg"], rows))
     if "calibration" in out:
         c = out["calibration"]
