@@ -74,7 +74,7 @@ release: $(STAMP)
 	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed $(COURSE_SEED))
 
 autograde: $(STAMP)
-	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER)
+	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER) $(if $(WORKERS),--workers $(WORKERS))
 
 feedback: $(STAMP)
 	$(PY) -m minengine.course feedback --course-dir $(COURSE_DIR) $(GRADING_FILTER)
