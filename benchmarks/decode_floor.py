@@ -125,32 +125,72 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
 
 
 def breakdown(mine: Any, rounds: int) -> dict[str, float]:
-    """Median ITL with one part of every layer removed (or fused): where the time beyond the matmuls goes.
+    """Median ITL with one part of every layer changed: what each hot-path change saved, and where the
+    time beyond the matmuls goes. Variants run interleaved in this one process (paired A/B).
 
-    Patches ``minengine.models.llama`` for the duration (restored after). The "skipped" variants compute
-    wrong tokens; their saving is an upper bound on what a faster version of that part could save.
+    "(before)" variants put back how the code ran before the hot-path work (issue 13) on the same weights:
+    q/k/v and gate/up as separate GEMVs on row views of the fused matrices (plus one ``cat``, so the
+    saving is slightly overstated), RMSNorm as its six textbook ops. The "skipped" variants compute wrong
+    tokens; their saving is an upper bound on what a faster version of that part could save.
+    Patches ``minengine.models.llama`` for the duration (restored after).
     """
+    import torch.nn.functional as F
+
     from minengine.models import llama
 
-    shipped = (llama.paged_attention, llama.RMSNorm.forward, llama.RotaryEmbedding.forward)
+    names = ("paged_attention", "RMSNorm.forward", "RotaryEmbedding.forward", "LlamaAttention.forward",
+             "LlamaMLP.forward")
 
-    def fused_rms(self: Any, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+    def get(name: str) -> Any:
+        obj, _, attr = name.rpartition(".")
+        return getattr(getattr(llama, obj) if obj else llama, attr)
 
-    variants = {
-        "as shipped": shipped,
-        "attention skipped": (lambda q, *a, **k: q, shipped[1], shipped[2]),
-        "RoPE skipped": (shipped[0], shipped[1], lambda self, positions, q, k: (q, k)),
-        "RMSNorm as one F.rms_norm": (shipped[0], fused_rms, shipped[2]),
+    def put(name: str, value: Any) -> None:
+        obj, _, attr = name.rpartition(".")
+        setattr(getattr(llama, obj) if obj else llama, attr, value)
+
+    shipped = {name: get(name) for name in names}
+
+    def textbook_rms(self: Any, x: torch.Tensor) -> torch.Tensor:
+        dtype, x = x.dtype, x.float()
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(dtype)
+
+    def unfused_attention(self: Any, x: torch.Tensor, rope: Any, rotary_emb: Any, meta: Any, cache: Any) -> Any:
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        cuts = (0, self.q_size, self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
+        q, k, v = (F.linear(x, w[i:j], None if b is None else b[i:j]) for i, j in zip(cuts, cuts[1:], strict=False))
+        n = x.shape[0]
+        qk = torch.cat((q, k), -1).view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = rotary_emb(rope, qk, self.num_heads)
+        out = llama.paged_attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, meta, self.scaling,
+                                    self.sliding_window)
+        return self.o_proj(out.reshape(n, -1))
+
+    def unfused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.gate_up_proj.weight, self.gate_up_proj.bias
+        half = w.shape[0] // 2
+        gate = F.linear(x, w[:half], None if b is None else b[:half])
+        up = F.linear(x, w[half:], None if b is None else b[half:])
+        return self.down_proj(F.silu(gate) * up)
+
+    variants: dict[str, dict[str, Any]] = {
+        "as shipped": {},
+        "q/k/v and gate/up as 5 GEMVs (before)": {"LlamaAttention.forward": unfused_attention,
+                                                  "LlamaMLP.forward": unfused_mlp},
+        "RMSNorm as 6 ops (before)": {"RMSNorm.forward": textbook_rms},
+        "attention skipped": {"paged_attention": lambda q, *a, **k: q},
+        "RoPE skipped": {"RotaryEmbedding.forward": lambda self, tables, qk, n: qk.split((n, qk.shape[1] - n), 1)},
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     try:
-        for _ in range(rounds):
-            for name, (attn, rms, rope) in variants.items():
-                llama.paged_attention, llama.RMSNorm.forward, llama.RotaryEmbedding.forward = attn, rms, rope
+        for r in range(rounds):
+            for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+                for part, fn in {**shipped, **variants[name]}.items():
+                    put(part, fn)
                 times[name].append(common.median(mine()))
     finally:
-        llama.paged_attention, llama.RMSNorm.forward, llama.RotaryEmbedding.forward = shipped
+        for part, fn in shipped.items():
+            put(part, fn)
     return {name: common.median(t) for name, t in times.items()}
 
 
@@ -163,7 +203,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per dtype")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--breakdown", action="store_true",
-                    help="also time minengine with attention / RoPE removed and RMSNorm fused")
+                    help="also time minengine with parts put back as they were before issue 13, or removed")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 round (for the CI test)")
     args = ap.parse_args(argv)
@@ -195,10 +235,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in results:
         if r["breakdown"]:
             base = r["breakdown"]["as shipped"]
-            print(f"\nWhere minengine's {r['dtype']} step goes beyond the matmuls ({1e3 * r['matmuls']:.2f} "
-                  "ms alone); skipped parts compute wrong tokens, so their saving is an upper bound:\n")
-            print(common.md_table(["variant", "minengine ms", "saved ms"], [
-                [name, f"{1e3 * t:.2f}", f"{1e3 * (base - t):.2f}"] for name, t in r["breakdown"].items()]))
+            print(f"\nWhat each change saved, and where minengine's {r['dtype']} step goes beyond the matmuls "
+                  f"({1e3 * r['matmuls']:.2f} ms alone): a '(before)' variant's difference is what that change "
+                  "saved; a 'skipped' part's (negative) is at most what a faster version could save (its tokens "
+                  "are wrong):\n")
+            print(common.md_table(["variant", "minengine ms", "variant - shipped ms"], [
+                [name, f"{1e3 * t:.2f}", f"{1e3 * (t - base):+.2f}"] for name, t in r["breakdown"].items()]))
     common.save_json(args.json, {"results": results})
     return results
 

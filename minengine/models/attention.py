@@ -45,7 +45,8 @@ class AttentionMetadata:
     block_size:      tokens per block.
 
     ``prepare`` builds the gather indices every layer reads (``decode_groups``, ``context_slots``); the
-    model calls it once per forward, before its first layer, so no layer builds them again.
+    model calls it once per forward, before its first layer, so no layer builds them again. The list
+    fields are read, never copied: they must not change while a forward pass runs.
     """
 
     query_start_loc: list[int]
@@ -60,11 +61,15 @@ class AttentionMetadata:
     decode_groups: dict[int | None, list[DecodeGroup]] = field(default_factory=dict, init=False, repr=False,
                                                               compare=False)
     context_slots: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _query_lens: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    _prepared: set[int | None] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.query_start_loc) != len(self.seq_lens) + 1:
             raise ValueError("query_start_loc must have one more entry than seq_lens")
-        for i, n in enumerate(self.query_lens):
+        loc = self.query_start_loc
+        self._query_lens = [b - a for a, b in zip(loc, loc[1:], strict=False)]
+        for i, n in enumerate(self._query_lens):
             if n < 1 or n > self.seq_lens[i]:
                 raise ValueError(f"sequence {i}: {n} new tokens but seq_len {self.seq_lens[i]}")
 
@@ -78,8 +83,8 @@ class AttentionMetadata:
 
     @property
     def query_lens(self) -> list[int]:
-        """New tokens of each sequence in this step."""
-        return [b - a for a, b in zip(self.query_start_loc[:-1], self.query_start_loc[1:], strict=True)]
+        """New tokens of each sequence in this step (computed once, at construction)."""
+        return self._query_lens
 
     @property
     def context_lens(self) -> list[int]:
@@ -98,11 +103,17 @@ class AttentionMetadata:
     def prepare(self, device: torch.device, sliding_windows: Iterable[int | None] = (None,)) -> None:
         """Build the per-step gather indices for these windows (once; a later call adds missing windows).
 
-        Without a KV cache (``block_tables`` None) there is nothing to gather.
+        Without a KV cache (``block_tables`` None) there is nothing to gather. Every layer calls this too
+        (a layer may run without the model around it); after the first call it is a set lookup.
         """
         if self.block_tables is None:
             return
-        query_lens = self.query_lens
+        if not isinstance(sliding_windows, tuple):
+            sliding_windows = tuple(sliding_windows)
+        if all(w in self._prepared for w in sliding_windows):
+            return
+        self._prepared.update(sliding_windows)
+        query_lens = self._query_lens
         decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
         if self.decode_batch is not None:  # the fast path attends the decodes: no gather indices
             decode_rows = []
@@ -137,7 +148,7 @@ class AttentionMetadata:
             query_start_loc=_cumsum(query_lens),
             seq_lens=list(seq_lens),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            block_tables=[list(t) for t in block_tables],
+            block_tables=block_tables if isinstance(block_tables, list) else list(block_tables),
             block_size=block_size,
         )
 
@@ -195,11 +206,14 @@ def _context_mask(key_pos: torch.Tensor, query_pos: torch.Tensor, sliding_window
 
 class DecodeGroup(NamedTuple):
     """Decodes attended in one SDPA call: their query rows [n], the flat cache slots of their keys
-    [n * L] (L = the group's longest context), and a key mask [n, 1, 1, L] (None when none is padded)."""
+    [n * L] (L = the group's longest context), and a key mask [n, 1, 1, L] (None when none is padded).
+    ``rows`` is the same rows as a slice when they are consecutive (batch 1, or a step of equal-length
+    decodes): q[slice] is a view and out[slice] a plain copy, where a tensor index gathers and scatters."""
 
     starts: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor | None
+    rows: slice | torch.Tensor
 
 
 def _gather_slots(meta: AttentionMetadata, i: int, device: torch.device) -> torch.Tensor:
@@ -243,13 +257,15 @@ def _decode_groups(
         tables = torch.tensor(padded, dtype=torch.long, device=device)  # [n, max_blocks]
         pos = torch.arange(max_len, device=device)
         slots = (tables[:, pos // bs] * bs + pos % bs).view(-1)  # [n * L], row-major
-        starts = torch.tensor([meta.query_start_loc[i] for i in group], device=device)
+        rows = [meta.query_start_loc[i] for i in group]
+        starts = torch.tensor(rows, device=device)
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         mask = None
         if min(lens) != max_len or (sliding_window is not None and sliding_window < max_len):
             query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # the new token ends its context
             mask = _context_mask(pos.expand(len(group), -1), query_pos, sliding_window)
             mask = mask.unsqueeze(1)  # [n, 1(head), 1(query), L]
-        out.append(DecodeGroup(starts, slots, mask))
+        out.append(DecodeGroup(starts, slots, mask, slice(rows[0], rows[0] + len(rows)) if consecutive else starts))
     return out
 
 
@@ -269,8 +285,8 @@ def paged_attention(
     first ``seq_lens[i]`` cached tokens, its queries sitting at the END of that context (a prefill chunk
     or a decode). Without a cache each sequence attends causally within its own new tokens.
     """
-    out = torch.empty_like(q)
     if kv_cache is None:
+        out = torch.empty_like(q)
         for i, n in enumerate(meta.query_lens):
             if meta.seq_lens[i] != n:
                 raise ValueError(
@@ -289,22 +305,27 @@ def paged_attention(
         )
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_flat, v_flat = k_cache.view(-1, n_kv, head_dim), v_cache.view(-1, n_kv, head_dim)
-    slot_mapping = meta.slot_mapping.to(k_flat.device)  # no-op when the engine built it on the device
-    k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
-    v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
+    slot_mapping = meta.slot_mapping
+    if slot_mapping.device != k_flat.device:  # the engine builds it on the device
+        slot_mapping = slot_mapping.to(k_flat.device)
+    # (the dtype checks skip a no-op .to() call each: small ops cost dispatch time, 30 per layer add up)
+    k_flat.index_copy_(0, slot_mapping, k if k.dtype == k_flat.dtype else k.to(k_flat.dtype))
+    v_flat.index_copy_(0, slot_mapping, v if v.dtype == v_flat.dtype else v.to(v_flat.dtype))
 
     meta.prepare(q.device, (sliding_window,))  # a no-op when the model prepared it for every layer
+    groups = meta.decode_groups[sliding_window]
+    if len(groups) == 1 and not meta.context_slots and meta.decode_batch is None:
+        rows = groups[0].rows
+        if isinstance(rows, slice) and rows.stop - rows.start == q.shape[0]:  # every row, in order
+            return _decode(q, k_flat, v_flat, groups[0], scale)  # nothing to scatter
+    out = torch.empty_like(q)
     fast = meta.decode_batch
     if fast is not None and fast.rows is not None:  # the fast path: read the blocks in place
         out[fast.rows] = fast.attend(q[fast.rows], k_cache, v_cache, scale, sliding_window).to(out.dtype)
     # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.
     # index_select, not k_flat[slots]: on a CPU it copies whole rows and is 2-4x faster.
-    for starts, slots, mask in meta.decode_groups[sliding_window]:
-        n = starts.shape[0]
-        keys = k_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
-        values = v_flat.index_select(0, slots).view(n, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
-        queries = q[starts].unsqueeze(2)  # [n, H_q, 1, D]
-        out[starts] = _sdpa(queries, keys, values, mask, scale).squeeze(2).to(out.dtype)
+    for group in groups:
+        out[group.rows] = _decode(q, k_flat, v_flat, group, scale)
     for i, slots in meta.context_slots.items():
         # A prefill (chunk): gather this sequence's whole context, then attend from its last n positions.
         a, b, seq_len = meta.query_start_loc[i], meta.query_start_loc[i + 1], meta.seq_lens[i]
@@ -312,6 +333,19 @@ def paged_attention(
         k_ctx, v_ctx = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
         out[a:b] = _attend(q[a:b], k_ctx, v_ctx, seq_len - n, scale, sliding_window)
     return out
+
+
+def _decode(
+    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    """One decode group: its queries q[group.rows] against the K/V gathered at its slots -> [n, H_q, D]."""
+    n, n_kv, head_dim = group.starts.shape[0], k_flat.shape[1], k_flat.shape[2]
+    keys = k_flat.index_select(0, group.slots).view(n, -1, n_kv, head_dim).transpose(1, 2)
+    values = v_flat.index_select(0, group.slots).view(n, -1, n_kv, head_dim).transpose(1, 2)
+    if keys.dtype != q.dtype:
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+    queries = q[group.rows].unsqueeze(2)  # [n, H_q, 1, D]
+    return _sdpa(queries, keys, values, group.mask, scale).squeeze(2)
 
 
 def _attend(
