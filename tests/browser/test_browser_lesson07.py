@@ -22,6 +22,7 @@ from jlab_helpers import (
     run_notebook,
     screenshot,
     scroll_to_cell,
+    show_output,
     wait_changed,
 )
 
@@ -44,6 +45,9 @@ def test_lesson_07_runs_clean_and_its_widget_answers(lesson07: RanNotebook) -> N
     scroll_to_cell(page, plots[0])
     expect_visible_image(page)
     screenshot(page, "lesson07_run_all")
+    assert len(plots) >= 2, "lesson 07 drew no plot of the real model's TTFTs"
+    show_output(page, find_cell(lesson07.cells, r"one shared system prompt, four ways"))
+    screenshot(page, "lesson07_real_model")
 
     scroll_to_cell(page, find_cell(lesson07.cells, r"PrefixWidget\("))
     widget = page.locator(WIDGET)
