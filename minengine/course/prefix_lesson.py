@@ -5,6 +5,8 @@ read the engine's own counters" (the block manager's prefix_cache_queries / pref
 StepRecords' prefill tokens and KV blocks, each RequestRecord's TTFT and cached tokens). Keeping that in
 one tested place leaves the notebook with the prompts and the questions. ``expected_hit_tokens`` is the
 prefix cache's rule written out by hand, so the lesson can hold the measured hits against it.
+``ASSISTANT_SYSTEM`` and ``chat_prompts`` give the real model (SmolLM2) a deployed assistant's system
+prompt through its chat template, whose own tokens come before the system message (``show_tokens``).
 """
 
 from __future__ import annotations
