@@ -1,5 +1,5 @@
-"""Lesson 08 in the browser: Run All Cells runs clean (the server it starts is gone at the end), and its
-goodput widget answers a new TTFT SLO.
+"""Lesson 08 in the browser: Run All Cells runs clean (the servers it starts are gone at the end), the
+chat through the openai SDK prints its answer, and its goodput widget answers a new TTFT SLO.
 
 The widget re-reads the lesson's measured sweep, so it works after the server has stopped; the text box
 commits on Enter. ``tests/test_serving_lesson.py`` checks its logic without a front end.
@@ -44,6 +44,10 @@ def outputs_text(cells: list[dict], index: int) -> str:
 def test_lesson_08_runs_clean_stops_its_server_and_its_widget_answers(lesson08: RanNotebook) -> None:
     check_clean("lesson 08", lesson08.finished, lesson08.cells)
     page = lesson08.page
+    picked = outputs_text(lesson08.cells, find_cell(lesson08.cells, r"lu\.lesson_model\(\)"))
+    assert "model for this lesson" in picked, picked
+    answer = outputs_text(lesson08.cells, find_cell(lesson08.cells, r"sl\.read_chat_stream\("))
+    assert len(answer) > 40, f"the chat through the openai SDK printed no answer: {answer!r}"
     stop = find_cell(lesson08.cells, r"server\.stop\(\)")
     assert "port" in outputs_text(lesson08.cells, stop) and "free again" in outputs_text(lesson08.cells, stop)
     plots = cells_with_images(lesson08.cells)
