@@ -182,16 +182,16 @@ class LLMEngine:
     def _make_output(self, request: Request, new_ids: list[int], now: float) -> RequestOutput:
         finished = request.is_finished
         detok = self._detokenizers.get(request.request_id)
+        cumulative = request.sampling_params.output_kind is not DELTA
         delta, text = "", ""
         if detok is not None:
-            delta, text = detok.get_delta(finished), detok.emitted_text
+            delta = detok.get_delta(finished)
+            text = detok.emitted_text if cumulative else delta  # the whole text only when it is asked for
         if finished:
             self._detokenizers.pop(request.request_id, None)
             self.request_records.append(request.record)
-        if request.sampling_params.output_kind is DELTA:  # only what is new: no copy of the whole output
-            text, token_ids = delta, list(new_ids)
-        else:
-            token_ids = request.output_token_ids
+        # DELTA: only what is new, no copy of the whole output (O(1) per step, not O(output length))
+        token_ids = request.output_token_ids if cumulative else list(new_ids)
         completion = CompletionOutput(
             index=0,
             text=text,
