@@ -24,12 +24,24 @@ generates exactly its output length), all sent at time 0. Engines, all on the sa
 Metrics follow vLLM's conventions (``minengine.metrics.stats``): output tok/s = generated tokens / wall
 time of the whole run; TTFT from time 0 to a request's first token; ITL pooled over all gaps of all
 requests. Every engine's outputs are checked against ``hf-sequential``'s (same greedy tokens).
+
+Compute floor: the workload's FLOPs (every computed token through the projections and the MLP, causal
+attention's QK^T and PV over its context, the LM head once per output token) divided by the fp32
+matmul peak measured in the same run, before each round (a 1024^3 ``torch.mm``). No engine can run the
+workload faster; ``wall / floor`` says how far from what the hardware allows each one is (issue 13's goal
+for minengine on ``llama-100m``: <= 1.4x). Memory per engine: the resident memory its setup added (its
+model copy and KV cache as far as touched; HF engines share one model, counted once for each) and the
+peak over the pre-run level during its runs (activations, gathered K/V), from ``/proc/self/statm``
+sampled every 5 ms; all engines live in one process, so the process peak is printed too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import resource
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +53,7 @@ from tqdm.auto import tqdm
 import minengine
 from minengine.core.records import RequestRecord
 from minengine.metrics.stats import summarize
+from minengine.perf.measure import measure_matmul_flops
 
 try:
     from benchmarks import common
@@ -71,6 +84,57 @@ def _record(i: int, prompt: list[int], t0: float, token_times: list[float]) -> R
     return RequestRecord(request_id=str(i), arrival_time=t0, num_prompt_tokens=len(prompt),
                          token_times=list(token_times), finish_time=token_times[-1],
                          num_output_tokens=len(token_times), finish_reason="length")
+
+
+def workload_flops(config: Any, w: Workload) -> float:
+    """FLOPs the workload needs at the least: projections + MLP per computed token, causal attention per
+    (query, key) pair, the LM head per output token. The last output token is sampled, never computed."""
+    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)  # weights each token multiplies through
+    attention_per_pair = layers * 4 * q  # QK^T and PV, every head
+    total = 0.0
+    for prompt, out in w:
+        n = len(prompt) + out - 1  # tokens computed
+        total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * h * config.vocab_size * out
+    return total
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux ``/proc``; elsewhere the peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return _peak_rss_bytes()
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+class PeakRSS:
+    """Samples ``rss_bytes()`` on a thread while the block runs; ``peak`` is the highest seen."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval, self.peak, self._stop = interval, rss_bytes(), threading.Event()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> PeakRSS:
+        self.start = rss_bytes()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
 
 
 # --------------------------------------------------------------------------------------------- runs
@@ -191,13 +255,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"unknown engine(s) {sorted(unknown)}; choose from {ENGINES}")
     print(common.machine_line())
     path = common.model_dir(args.shape)
+    before_hf = rss_bytes()
     hf = common.load_hf(path)
+    hf_setup = rss_bytes() - before_hf
     vocab = hf.config.vocab_size
     work = make_workload(args.num_requests, _range(args.prompt_range), _range(args.output_range), vocab,
                          args.seed)
     warm = make_workload(2, (8, 32), (4, 8), vocab, args.seed + 1)
+    flops = workload_flops(hf.config, work)
     runners: dict[str, Callable[[Workload], Result]] = {}
+    setup: dict[str, int] = {}
     for name in engines:
+        before = rss_bytes()
         if name in MINENGINE:
             runners[name] = run_minengine(str(path), *MINENGINE[name], args)
         elif name == "hf-sequential":
@@ -208,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runners[name] = run_hf_cb(hf, args)
         else:
             print(f"skipping {name}: transformers {transformers.__version__} has no continuous batching")
+        setup[name] = rss_bytes() - before + (0 if name in MINENGINE else hf_setup)
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     tokens: dict[str, list[list[int]]] = {}
@@ -216,17 +286,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for run in runners.values():
             run(warm)
         for r in range(args.rounds):  # odd rounds in reverse order, so no engine always runs last
+            peak_flops = measure_matmul_flops("cpu")  # this round's floor: the matmul peak right now
             for name in list(runners)[:: 1 if r % 2 == 0 else -1]:
                 bar.set_postfix_str(name)
                 load0 = common.loadavg()[0]
-                start = time.perf_counter()
-                records, tokens[name] = runners[name](work)
-                wall = time.perf_counter() - start
+                with PeakRSS() as mem:
+                    start = time.perf_counter()
+                    records, tokens[name] = runners[name](work)
+                    wall = time.perf_counter() - start
                 s = summarize(records, duration=wall)
                 runs[name].append({
                     "wall_s": wall, "output_tok_s": s.total_output_tokens / wall,
                     "output_tokens": s.total_output_tokens, "ttft_p50": s.ttft.median, "ttft_p99": s.ttft.p99,
                     "itl_p50": s.itl.median, "itl_p99": s.itl.p99, "load": [load0, common.loadavg()[0]],
+                    "matmul_flops": peak_flops, "floor_s": flops / peak_flops,
+                    "floor_ratio": wall * peak_flops / flops, "run_peak_bytes": mem.peak - mem.start,
                 })
                 bar.update(1)
     results: dict[str, Any] = {}
@@ -234,6 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = {k: common.median([x[k] for x in rs]) for k in rs[0] if k != "load"}
         results[name]["per_round_tok_s"] = [x["output_tok_s"] for x in rs]
         results[name]["load"] = [x for run in rs for x in run["load"]]
+        results[name]["run_peak_bytes"] = max(x["run_peak_bytes"] for x in rs)
+        results[name]["setup_bytes"] = setup[name]
+        results[name]["workload_flops"] = flops
     ref = tokens.get("hf-sequential")
     expected = sum(o for _, o in work)
     for name, r in results.items():
@@ -241,7 +318,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["same_as_hf_sequential"] = None if ref is None else sum(a == b for a, b in zip(tokens[name], ref,
                                                                                           strict=True))
     _print(results, args, work)
-    common.save_json(args.json, {"results": results, "args": vars(args)})
+    print(f"process peak RSS {_peak_rss_bytes() / 2**20:,.0f} MiB (all engines in one process)")
+    common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes()})
     return results
 
 
@@ -256,19 +334,24 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
     n_in, n_out = sum(len(p) for p, _ in work), sum(o for _, o in work)
     print(f"{args.shape} fp32, {len(work)} requests ({n_in} prompt + {n_out} output tokens), chunk budget "
           f"{args.chunk}, max_num_seqs {args.max_num_seqs}, HF static batch {args.static_batch}, HF CB "
-          f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds\n")
+          f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds")
+    any_run = next(iter(results.values()))
+    print(f"compute floor: {any_run['workload_flops'] / 1e9:,.1f} GFLOP / {any_run['matmul_flops'] / 1e9:.0f} GFLOP/s "
+          f"(fp32 matmul peak, median of the rounds' measurements) = {any_run['floor_s']:.1f} s\n")
     base = {k: results[k]["output_tok_s"] for k in ("hf-sequential", "hf-cb") if k in results}
     rows = []
     for name, r in results.items():
         ratios = [f"{r['output_tok_s'] / v:.2f}x" for v in base.values()]
         same = "-" if r["same_as_hf_sequential"] is None else f"{r['same_as_hf_sequential']}/{len(work)}"
         per_round = " / ".join(f"{x:.0f}" for x in r["per_round_tok_s"])
-        rows.append([name, f"{r['wall_s']:.1f}", f"**{r['output_tok_s']:.0f}** ({per_round})", *ratios,
+        rows.append([name, f"{r['wall_s']:.1f}", f"**{r['floor_ratio']:.2f}x**",
+                     f"**{r['output_tok_s']:.0f}** ({per_round})", *ratios,
                      f"{1e3 * r['ttft_p50']:.0f}", f"{1e3 * r['ttft_p99']:.0f}", f"{1e3 * r['itl_p50']:.1f}",
-                     f"{1e3 * r['itl_p99']:.1f}", same, " ".join(f"{x:.2f}" for x in r["load"])])
-    header = ["engine", "wall s", "output tok/s (per round)", *(f"vs {k}" for k in base),
+                     f"{1e3 * r['itl_p99']:.1f}", same, f"{r['setup_bytes'] / 2**20:,.0f}",
+                     f"{r['run_peak_bytes'] / 2**20:,.0f}", " ".join(f"{x:.2f}" for x in r["load"])])
+    header = ["engine", "wall s", "wall / compute floor", "output tok/s (per round)", *(f"vs {k}" for k in base),
               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "same tokens as HF seq",
-              "load avg (start/end of runs)"]
+              "setup RSS MiB", "run peak RSS +MiB", "load avg (start/end of runs)"]
     print(common.md_table(header, rows))
 
 
