@@ -175,7 +175,7 @@ class Scheduler:
                               finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
         # Ids scheduled so far in this step. A built-in policy never offers a request twice, so for it the
-        # set is only built when a preemption or an admission needs it (``_scheduled_ids``).
+        # set is only built when a preemption or an admission needs it (from ``entries``).
         dedupe = type(self.policy) not in (DecodeFirstPolicy, PrefillFirstPolicy)
         scheduled: set[str] = set()
         preempted: list[Request] = []
@@ -247,7 +247,7 @@ class Scheduler:
                 num_new = min(num_new, budget)
                 # Blocks for the KV that arrives from elsewhere are allocated like new tokens' blocks.
                 num_slots = num_computed - num_cached + num_new
-                ids = scheduled if dedupe else self._scheduled_ids(entries)
+                ids = scheduled if dedupe else {e[0].request_id for e in entries}
                 if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(ids, budget - num_new)):
                     admitting = False
                     continue
@@ -279,11 +279,9 @@ class Scheduler:
     ) -> list[Request]:
         """After the forward pass: advance computed tokens, cache full blocks, append sampled tokens,
         stop finished requests (EOS, stop token ids, max_tokens, max_model_len, and a stop string when
-        ``stop_checker`` finds one) and free their blocks. Returns the requests that finished.
-
-        A sampled token that cannot stop the request (the common case) is appended here, in line, by
-        ``Request.append_output_token``'s rule: a length stop at ``max_num_tokens`` (set by
-        ``add_request``); a token that may stop it (an EOS, a stop token id) takes the full call.
+        ``stop_checker`` finds one) and free their blocks. Returns the requests that finished. A token
+        that cannot stop its request is appended in line (``Request.prepare_stops``); others take
+        ``Request.append_output_token``.
         """
         now = self.clock() if now is None else now
         finished = []
@@ -301,11 +299,8 @@ class Scheduler:
             token = get_token(req.request_id)
             if token is None:
                 if sample:
-                    raise RuntimeError(
-                        f"the executor returned no token for request {req.request_id!r}, which sampled in "
-                        "this step: ModelRunnerOutput.sampled_token_ids needs one for every request with "
-                        "ScheduledRequest.sample"
-                    )
+                    raise RuntimeError(f"the executor returned no token for request {req.request_id!r}, which "
+                                       "sampled in this step (ModelRunnerOutput.sampled_token_ids needs one)")
                 continue  # a prefill chunk that did not reach the end of the prompt
             if type(token) is int and token not in req.stop_token_set:  # append_output_token, inlined
                 token_ids, record = req.token_ids, req.record
@@ -348,10 +343,6 @@ class Scheduler:
             )
         return n
 
-    @staticmethod
-    def _scheduled_ids(entries: list[Entry]) -> set[str]:
-        return {e[0].request_id for e in entries}
-
     def _allocate_running(
         self, req: Request, num_new: int, entries: list[Entry], scheduled: set[str] | None,
         preempted: list[Request],
@@ -361,7 +352,7 @@ class Scheduler:
         ids = scheduled
         while not self.block_manager.allocate_slots(req, num_new):
             if ids is None:
-                ids = self._scheduled_ids(entries)
+                ids = {e[0].request_id for e in entries}
             victim = self.policy.select_victim([r for r in self.running if r.request_id not in ids])
             self._preempt(victim)
             preempted.append(victim)
