@@ -138,7 +138,10 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_cache.kv_caches)
         if not inputs.sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32)
-        return self.model.compute_logits(hidden[inputs.logits_indices]).float()
+        if len(inputs.sampled) < hidden.shape[0]:  # else every row is sampled, in order (all decodes)
+            hidden = hidden[inputs.logits_indices]
+        logits = self.model.compute_logits(hidden)
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     # ---- the fast path ----
     def _graph_step(
