@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from minengine.course import lessons as lu
+from minengine.course import lesson_model as lesson_model_module
 from minengine.models import loader
 
 
 def test_lesson_choice_holds_without_the_switch(monkeypatch):
     monkeypatch.delenv(lu.LESSON_MODEL_ENV, raising=False)
-    monkeypatch.setattr(lu, "real_model_installed", lambda: True)
+    monkeypatch.setattr(lesson_model_module, "real_model_installed", lambda: True)
     picked = lu.lesson_model()
     assert (picked.name, picked.is_real) == (lu.REAL_MODEL, True)
     assert lu.lesson_model(lu.TINY_MODEL).name == lu.TINY_MODEL
@@ -20,7 +21,7 @@ def test_lesson_choice_holds_without_the_switch(monkeypatch):
                                                  ("real", lu.REAL_MODEL), ("/data/my-model", "/data/my-model")])
 def test_switch_overrides_every_lesson(monkeypatch, value, expected):
     monkeypatch.setenv(lu.LESSON_MODEL_ENV, value)
-    monkeypatch.setattr(lu, "real_model_installed", lambda: True)
+    monkeypatch.setattr(lesson_model_module, "real_model_installed", lambda: True)
     for preferred in (lu.REAL_MODEL, lu.TINY_MODEL):
         picked = lu.lesson_model(preferred)
         assert picked.name == expected
