@@ -68,10 +68,16 @@ class Interference:
     @property
     def typical_gap(self) -> float:
         """Median gap that ended while the prompt was prefilled (or at its first token): what the streams
-        felt during the prefill, robust to one step that another program happened to slow down."""
+        felt during the prefill, robust to one step that another program happened to slow down.
+
+        The window opens when the first step that could take the prompt starts, not at its arrival: a
+        prompt that arrives in the middle of a decode step waits for it, and that step's ordinary gap
+        would otherwise halve the median when the whole prompt runs in one step (no chunking)."""
         first = self.long.first_token_time
         assert first is not None
-        gaps = self._gaps(self.arrival, first + 1e-9)  # a step stamps all its tokens with one time
+        steps = self.prefill_steps
+        opens = steps[0].start if steps else self.arrival
+        gaps = self._gaps(opens, first + 1e-9)  # a step stamps all its tokens with one time
         return float(np.median(gaps)) if len(gaps) else math.nan
 
     @property
