@@ -351,3 +351,8 @@ def test_throughput_flattens_at_the_capacity_the_step_costs_imply() -> None:
     assert light == pytest.approx(0.5 * capacity, rel=0.15)  # = the offered rate (Poisson, 200 requests)
     assert heavy == pytest.approx(capacity, rel=0.08)  # above it: flat, at the capacity
     assert heavier == pytest.approx(heavy, rel=0.03)
+
+
+def test_simulated_steps_say_their_times_are_predicted():
+    result = Simulator("llama-2-7b", "h100").run([RequestSpec(0.0, 64, 4) for _ in range(3)])
+    assert result.steps and {s.timing for s in result.steps} == {"predicted"}

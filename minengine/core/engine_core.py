@@ -38,12 +38,13 @@ class ModelRunnerOutput:
     ``sampled_token_ids`` maps each request that got a new token (``ScheduledRequest.sample``) to it.
     ``elapsed`` is the step's duration for executors that *predict* it (the simulator); real executors
     leave it None and the core reads its clock. ``timings`` are phase times in seconds for the
-    StepRecord: ``t_prepare``, ``t_forward``, ``t_sample``.
+    StepRecord: ``t_prepare``, ``t_forward``, ``t_sample``; ``timing`` says how they were taken.
     """
 
     sampled_token_ids: dict[str, int]
     elapsed: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    timing: str = ""
 
 
 class Executor(Protocol):
@@ -139,6 +140,7 @@ class EngineCore:
         record = out.to_step_record(
             self.num_steps, inflight.start, self.clock() if end is None else end, **timings
         )
+        record.timing = result.timing or ("predicted" if end is not None else "")
         self.step_records.append(record)
         return EngineCoreOutput(out, result.sampled_token_ids, finished, record)
 

@@ -103,6 +103,9 @@ class StepRecord:
     # decode KV lengths / prefill (chunk, context) pairs, for cost models and roofline fits
     decode_context_lens: list[int] = field(default_factory=list)
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)  # (chunk tokens, context before it)
+    # How the times were taken: a GPU runs asynchronously, so a clock read without a synchronize times
+    # the kernel *launches*; "predicted" marks a simulator's step (ModelRunner.timing_method says which).
+    timing: str = ""
 
     @property
     def duration(self) -> float:
