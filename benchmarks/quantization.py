@@ -181,10 +181,11 @@ def llamacpp_rows(args: argparse.Namespace, bandwidth: float, reference: list[li
 
     files = llamacpp_files()
     rows: dict[str, Any] = {"_check": same_bytes_as_llama_quantize(files)}
+    threads = args.quality_threads or args.threads
     for kind, path in files.items():
-        agree = wq.agreement(reference, llamacpp_greedy(path, prompts, args.tokens, args.threads))
+        agree = wq.agreement(reference, llamacpp_greedy(path, prompts, args.tokens, threads))
         row = {"engine": "llama.cpp", "bytes": llamacpp.tensor_bytes(path),
-               "ppl": llamacpp_perplexity(path, HELDOUT_PROSE, args.threads, args.n_ctx, args.max_chunks),
+               "ppl": llamacpp_perplexity(path, HELDOUT_PROSE, threads, args.n_ctx, args.max_chunks),
                "token_share": agree.token_share, "identical": agree.identical,
                "median_first_diff": agree.median_first_diff, "note": path.name}
         row["floor_ms"] = row["bytes"] / bandwidth * 1e3
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--quality-threads", type=int, default=None,
+                    help="llama.cpp threads for perplexity and greedy runs (default --threads; 1 on a busy "
+                         "machine: spinning worker threads slow llama.cpp down many times when cores are shared)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="the tiny shipped model, 2 prompts x 8 tokens, no llama.cpp")
     args = ap.parse_args(argv)
@@ -239,6 +243,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "bandwidth_gb_s": bandwidth / 1e9, "model": args.model, "prompts": len(prompts),
                                "tokens": args.tokens, "n_ctx": args.n_ctx,
                                "unchanged_by_q4_1": rows.pop("_unchanged_by_q4_1"), "rows": rows}
+    if args.json:  # the minengine half now, in case the llama.cpp half is interrupted
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
     if not args.skip_llamacpp:
         if args.model != "smollm2-135m" or not llamacpp.have_tools():
             print(f"llama.cpp rows skipped: they need smollm2-135m and the tools under {llamacpp.BUILD} "
