@@ -21,8 +21,12 @@ Measured, 2 threads each, greedy:
   32 slots and against ``minengine serve``: output tokens per second;
 - agreement: greedy chat answers of llama.cpp f32 and minengine fp32 for 3 prompts.
 
-llama-server rejects nothing we send; it does end streams with ``[DONE]``. (llama-cpp-python's own
-server serialises requests behind a lock, so it is not a batching peer and is not measured.)
+llama-server rejects nothing we send; it does end streams with ``[DONE]``. llama-cpp-python's own server
+(``--python-server``, after ``--build-python``: the wheel built from the same sdist into its own venv,
+``benchmarks/out/llamacpp/pyvenv``) is what ``pip install llama-cpp-python[server]`` users run. It
+serialises requests behind one lock, so it is a one-at-a-time peer, not a batching one; by default it
+also *interrupts* a running stream when the next request arrives (``--interrupt_requests False`` here),
+and it ignores ``ignore_eos``, so its answers stop at EOS and tok/s counts the tokens it really sent.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ except ImportError:  # run as a script
 
 OUT = common.ROOT / "benchmarks" / "out" / "llamacpp"
 BUILD = OUT / "build"
+PYVENV = OUT / "pyvenv"  # llama-cpp-python[server], built from the same sdist, never in the project's venv
 SDIST_SPEC = "llama-cpp-python==0.3.36"  # the llama.cpp it vendors is the yardstick; bump deliberately
 TOOLS = ("llama-bench", "llama-server", "llama-quantize")
 # Not GGML_NATIVE: on a Xeon with AMX, -march=native compiles ggml's AMX matmuls, and here (a VM) their
@@ -80,6 +85,22 @@ def build() -> None:
                         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2), "--target", *TOOLS],
                    check=True)
+
+
+def build_python_server() -> Path:
+    """pip-install llama-cpp-python[server] from the same sdist into its own venv (idempotent, ~10 min)."""
+    python = PYVENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PYVENV)], check=True)
+    if subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True).returncode != 0:
+        sdist = sorted((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))
+        if not sdist:
+            build()  # fetches the sdist
+            sdist = sorted((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))
+        env = {**os.environ, "CMAKE_ARGS": " ".join([*CPU_FLAGS, "-DLLAMA_CURL=OFF"]),
+               "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+        subprocess.run([str(python), "-m", "pip", "install", f"{sdist[-1]}[server]"], check=True, env=env)
+    return python
 
 
 def tool(name: str) -> Path:
@@ -203,7 +224,8 @@ def _chat(url: str, model: str, prompt: str) -> str:
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]["content"]
 
 
-def batched(files: dict[str, Path], threads: int, n: int, slots: list[int]) -> dict[str, Any]:
+def batched(files: dict[str, Path], threads: int, n: int, slots: list[int],
+            python_server: bool = False) -> dict[str, Any]:
     from minengine.bench.datasets import random_requests
     from minengine.models.loader import load_tokenizer
 
@@ -215,6 +237,12 @@ def batched(files: dict[str, Path], threads: int, n: int, slots: list[int]) -> d
             cmd = [str(tool("llama-server")), "-m", str(files[kind]), "-t", str(threads), "--parallel", str(k),
                    "-c", str(k * 512), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
             out[f"llama-server {kind} x{k} slots"] = serve_and_bench(cmd, port, "smollm2", requests)
+        if python_server:
+            port = _free_port()
+            cmd = [str(PYVENV / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(files[kind]),
+                   "--model_alias", "smollm2", "--n_threads", str(threads), "--n_ctx", "2048",
+                   "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)]
+            out[f"llama-cpp-python {kind}"] = serve_and_bench(cmd, port, "smollm2", requests)
     for dtype in ("float32", "bfloat16"):
         port = _free_port()
         cmd = [sys.executable, "-m", "minengine", "serve", "--model", MODEL, "--dtype", dtype, "--port", str(port),
@@ -232,6 +260,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--requests", type=int, default=32, help="requests of the batched workload")
     ap.add_argument("--slots", default="1,8,32", help="llama-server --parallel values")
     ap.add_argument("--skip-batched", action="store_true")
+    ap.add_argument("--build-python", action="store_true",
+                    help="build llama-cpp-python[server] into benchmarks/out/llamacpp/pyvenv (idempotent)")
+    ap.add_argument("--python-server", action="store_true",
+                    help="also serve the batched workload with llama-cpp-python's server (one at a time)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="minengine fp32 only, 8 tokens (no llama.cpp)")
     args = ap.parse_args(argv)
@@ -240,6 +272,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(common.machine_line())
     if args.build:
         build()
+    if args.build_python:
+        build_python_server()
+    if args.python_server and not (PYVENV / "bin" / "python").exists():
+        ap.error(f"--python-server needs llama-cpp-python in {PYVENV}: run with --build-python first")
     bandwidth = measure_read_bandwidth("cpu")
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
     results: dict[str, Any] = {"bandwidth_gb_s": bandwidth / 1e9, "machine": common.machine_line()}
@@ -261,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 results[f"llama.cpp {kind}"] = r
             if not args.skip_batched:
                 results["batched"] = batched(gguf_files(), args.threads, args.requests,
-                                             [int(x) for x in args.slots.split(",")])
+                                             [int(x) for x in args.slots.split(",")], args.python_server)
     print(f"\n{'engine':22s} {'decode ms':>10s} {'x floor':>8s} {'prefill tok/s':>14s} {'MB/step':>8s}")
     for key, r in results.items():
         if isinstance(r, dict) and "decode_ms" in r:
