@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/decode_floor.py                       # llama-100m, fp32 and bf16
     .venv/bin/python benchmarks/decode_floor.py --dtypes float32 --rounds 3
     .venv/bin/python benchmarks/decode_floor.py --dtypes float32 --breakdown   # + where the time goes
+    .venv/bin/python benchmarks/decode_floor.py --dtypes float32 --breakdown --overhead --threads 1
+        # the same variants with the GEMVs' arithmetic taken out: the small ops alone, little bandwidth noise
     .venv/bin/python benchmarks/decode_floor.py --smoke               # seconds; for the CI test
 
 Why a floor: at batch 1 every decode step must read every weight once (and the KV cache), and a CPU can
@@ -110,7 +112,7 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
     def med(key: str) -> float:
         return common.median([r[key] for r in rounds])
 
-    parts = breakdown(mine, args.rounds) if args.breakdown else None
+    parts = breakdown(mine, args.rounds, args.overhead) if args.breakdown else None
     return {
         "breakdown": parts,
         "shape": shape, "dtype": dtype, "params": common.num_params(hf), "weight_bytes": weights,
@@ -124,7 +126,7 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
     }
 
 
-def breakdown(mine: Any, rounds: int) -> dict[str, float]:
+def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float]:
     """Median ITL with one part of every layer changed: what each hot-path change saved, and where the
     time beyond the matmuls goes. Variants run interleaved in this one process (paired A/B).
 
@@ -132,14 +134,17 @@ def breakdown(mine: Any, rounds: int) -> dict[str, float]:
     q/k/v and gate/up as separate GEMVs on row views of the fused matrices (plus one ``cat``, so the
     saving is slightly overstated), RMSNorm as its six textbook ops. The "skipped" variants compute wrong
     tokens; their saving is an upper bound on what a faster version of that part could save.
-    Patches ``minengine.models.llama`` for the duration (restored after).
+    With ``overhead`` every ``F.linear`` returns a preallocated output of the right shape instead of
+    computing it: what is left is the step without the weight GEMVs' arithmetic (a probe, wrong tokens),
+    where a few microseconds per small op show above the noise of a shared machine's memory bandwidth.
+    Patches ``minengine.models.llama`` (and ``F.linear``) for the duration (restored after).
     """
     import torch.nn.functional as F
 
     from minengine.models import llama
 
     names = ("paged_attention", "RMSNorm.forward", "RotaryEmbedding.forward", "LlamaAttention.forward",
-             "LlamaMLP.forward")
+             "LlamaMLP.forward", "LlamaModel.forward")
 
     def get(name: str) -> Any:
         obj, _, attr = name.rpartition(".")
@@ -173,15 +178,46 @@ def breakdown(mine: Any, rounds: int) -> dict[str, float]:
         up = F.linear(x, w[half:], None if b is None else b[half:])
         return self.down_proj(F.silu(gate) * up)
 
+    def per_layer_rope_model(self: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
+                             kv_caches: Any = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        meta.prepare(x.device, self.sliding_windows)
+        for i, layer in enumerate(self.layers):  # the positions go to every layer, which looks cos/sin up
+            x = layer(x, positions, self.rotary_emb, meta, kv_caches[i] if kv_caches is not None else None)
+        return self.norm(x)
+
+    def per_layer_rope(self: Any, positions: torch.Tensor, qk: torch.Tensor, n: int) -> Any:
+        q, k = qk.split((n, qk.shape[1] - n), 1)
+        cos = self.cos_cached[positions].to(q.dtype).unsqueeze(1)
+        sin = self.sin_cached[positions].to(q.dtype).unsqueeze(1)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:  # the old rotation, q and k apart (7 ops each)
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+        return rotate(q), rotate(k)
+
     variants: dict[str, dict[str, Any]] = {
         "as shipped": {},
         "q/k/v and gate/up as 5 GEMVs (before)": {"LlamaAttention.forward": unfused_attention,
                                                   "LlamaMLP.forward": unfused_mlp},
         "RMSNorm as 6 ops (before)": {"RMSNorm.forward": textbook_rms},
+        "RoPE looked up per layer, q and k apart (before)": {"LlamaModel.forward": per_layer_rope_model,
+                                                            "RotaryEmbedding.forward": per_layer_rope},
         "attention skipped": {"paged_attention": lambda q, *a, **k: q},
         "RoPE skipped": {"RotaryEmbedding.forward": lambda self, tables, qk, n: qk.split((n, qk.shape[1] - n), 1)},
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
+    real_linear, outputs = F.linear, {}
+
+    def no_arithmetic(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        key = (tuple(x.shape[:-1]), w.shape[0], x.dtype)
+        if key not in outputs:
+            outputs[key] = 0.1 * torch.randn(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+        return outputs[key]
+
+    if overhead:
+        F.linear = no_arithmetic
     try:
         for r in range(rounds):
             for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
@@ -189,6 +225,7 @@ def breakdown(mine: Any, rounds: int) -> dict[str, float]:
                     put(part, fn)
                 times[name].append(common.median(mine()))
     finally:
+        F.linear = real_linear
         for part, fn in shipped.items():
             put(part, fn)
     return {name: common.median(t) for name, t in times.items()}
@@ -204,6 +241,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time minengine with parts put back as they were before issue 13, or removed")
+    ap.add_argument("--overhead", action="store_true",
+                    help="with --breakdown: take the GEMVs' arithmetic out (a probe of the small ops alone)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 round (for the CI test)")
     args = ap.parse_args(argv)
@@ -235,6 +274,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in results:
         if r["breakdown"]:
             base = r["breakdown"]["as shipped"]
+            if args.overhead:
+                print("\n(--overhead: every weight GEMV's arithmetic taken out: these are the steps' small ops alone)")
             print(f"\nWhat each change saved, and where minengine's {r['dtype']} step goes beyond the matmuls "
                   f"({1e3 * r['matmuls']:.2f} ms alone): a '(before)' variant's difference is what that change "
                   "saved; a 'skipped' part's (negative) is at most what a faster version could save (its tokens "
