@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minengine.course import lessons as lu
 from minengine.course import lesson_model as lesson_model_module
+from minengine.course import lessons as lu
 from minengine.models import loader
 
 
