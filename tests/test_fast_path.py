@@ -199,6 +199,7 @@ def test_fast_path_gives_the_reference_greedy_tokens(hf_model_dir, family: str, 
     records = list(fast_llm.llm_engine.step_records)
     assert all(r.t_prepare > 0 and r.t_forward > 0 for r in records)  # graph steps are timed as well
     assert runner.timing_method.startswith("perf_counter")  # on CUDA: synchronize before each read
+    assert {r.timing for r in records} == {runner.timing_method}  # every step record says how it was timed
     if options["enforce_eager"]:
         assert runner.graph_runner is None
     else:

@@ -92,7 +92,8 @@ class ModelRunner:
         tokens = self.sampler(logits, [s.request for s in sampled_reqs])
         t3 = self._clock()
         sampled = {s.request_id: tok for s, tok in zip(sampled_reqs, tokens, strict=True)}
-        return ModelRunnerOutput(sampled, timings={"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2})
+        return ModelRunnerOutput(sampled, timings={"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2},
+                                 timing=self.timing_method)
 
     def _clock(self) -> float:
         """perf_counter after the device has finished the work queued so far."""
