@@ -147,3 +147,18 @@ def test_llamacpp_smoke() -> None:
     r = result["minengine float32"]
     assert r["decode_ms"] > 0 and r["prefill_tok_s"] > 0
     assert 500e6 < r["weight_bytes"] < 600e6  # SmolLM2-135M in fp32, the tied LM head counted once
+
+
+def test_with_tree_runs_a_script_against_another_checkout(tmp_path):
+    # A copy of the package under another folder: the script must import that copy, not the editable one.
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "minengine", tmp_path / "minengine", ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    probe = tmp_path / "probe.py"
+    probe.write_text("import minengine, sys; print('IMPORTED', minengine.__file__, sys.argv[1:])\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "with_tree.py"), str(tmp_path), str(probe), "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"IMPORTED {tmp_path}" in out.stdout and "['x']" in out.stdout
