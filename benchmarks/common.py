@@ -200,7 +200,12 @@ def save_json(path: str | Path | None, data: dict[str, Any]) -> None:
         return
     data = {"command": command_line(), "machine": machine_info(), **data}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2, default=float) + "\n")
+    Path(path).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars as numbers, anything else (paths, dtypes) as its text."""
+    return float(value) if hasattr(value, "__float__") else str(value)
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -312,9 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             same = sum(x == y for x, y in zip(a, b, strict=True))
             print(f"greedy chat answers, llama.cpp f32 vs minengine fp32: {same} of {len(a)} identical")
             results["agreement"] = same
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    common.save_json(args.json, results)
     return results
 
 

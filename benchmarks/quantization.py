@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("gguf.quantize_blocks vs llama-quantize:", ", ".join(f"{k.upper()} {v}"
                                                                    for k, v in results["quantizer_check"].items()))
     print(f"({time.perf_counter() - start:.0f} s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    common.save_json(args.json, results)
     return results
 
 
