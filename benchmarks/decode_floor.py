@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/decode_floor.py --dtypes float32 --breakdown --overhead --threads 1
         # the same variants with the GEMVs' arithmetic taken out: the small ops alone, little bandwidth noise
     .venv/bin/python benchmarks/decode_floor.py --smoke               # seconds; for the CI test
+    .venv/bin/python benchmarks/decode_floor.py --no-compile          # without the compiled-decode engine
 
 Why a floor: at batch 1 every decode step must read every weight once (and the KV cache), and a CPU can
 read memory only so fast. ``floor = bytes read per step / read bandwidth``, with the bandwidth measured in
@@ -16,6 +17,8 @@ everything else (Python, small ops, attention, sampling).
 Step time: the gap between consecutive output tokens of one request (its ITL), for minengine from the
 engine's own token stamps and for HF from a ``StoppingCriteria`` that HF calls once per generated token.
 The prefill (first token) is left out. Engines run interleaved, round by round, so load drift hits both.
+A third engine is minengine with ``compile_decode=True`` (its decode steps one ``torch.compile``'d graph,
+compiled once before the rounds), checked to give the eager engine's greedy tokens.
 """
 
 from __future__ import annotations
@@ -72,6 +75,19 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
         llm.generate([prompt], params, use_tqdm=False)
         return _gaps(llm.request_records[0].token_times)
 
+    compiled, compile_s = None, None
+    if args.compile:  # the same engine with its decode steps compiled (engine/compiled_decode.py)
+        compiled = minengine.LLM(str(path), dtype=dtype, enable_prefix_caching=False, max_num_seqs=4,
+                                 num_blocks=(args.prompt_len + args.new_tokens) // 16 + 8, compile_decode=True)
+        compile_s = compiled.llm_engine.model_runner.compiled_decode.compile_seconds
+
+    def mine_compiled() -> list[float]:
+        assert compiled is not None
+        out = compiled.generate([prompt], params, use_tqdm=False)
+        if out[0].outputs[0].token_ids != reference_tokens:
+            raise RuntimeError("the compiled decode steps gave other greedy tokens than the eager engine")
+        return _gaps(compiled.request_records[0].token_times)
+
     linears = [m for m in llm.llm_engine.model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {n: torch.randn(1, n, dtype=getattr(torch, dtype)) for n in {m.in_features for m in linears}}
 
@@ -95,13 +111,16 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
         return _gaps(clock.times)
 
     mine(), theirs()  # warm-up: first calls allocate and pick kernels
+    reference_tokens = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    if compiled is not None:
+        mine_compiled()
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         bw = measure_read_bandwidth("cpu", num_bytes=bw_bytes, repeats=5)
         floor = bytes_per_step / bw
         row: dict[str, Any] = {"bandwidth": bw, "floor": floor, "load": common.loadavg()[0],
                                "matmuls": matmuls_only()}
-        pair = [("minengine", mine), ("hf", theirs)]
+        pair = [("minengine", mine), ("hf", theirs)] + ([("compiled", mine_compiled)] if compiled else [])
         for name, fn in pair if r % 2 == 0 else pair[::-1]:
             gaps = fn()
             row[name] = common.median(gaps)
@@ -120,6 +139,8 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
         "matmuls": med("matmuls"),
         "minengine": med("minengine"), "hf": med("hf"),
         "minengine_ratio": common.median([r["minengine"] / r["floor"] for r in rounds]),
+        "compiled": med("compiled") if compiled else None, "compile_seconds": compile_s,
+        "compiled_ratio": common.median([r["compiled"] / r["floor"] for r in rounds]) if compiled else None,
         "hf_ratio": common.median([r["hf"] / r["floor"] for r in rounds]),
         "loads": [r["load"] for r in rounds],
         "rounds": [{k: v for k, v in r.items() if not k.endswith("_gaps")} for r in rounds],
@@ -243,16 +264,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="also time minengine with parts put back as they were before issue 13, or removed")
     ap.add_argument("--overhead", action="store_true",
                     help="with --breakdown: take the GEMVs' arithmetic out (a probe of the small ops alone)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="skip the engine with compile_decode=True (it compiles for tens of seconds first)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 round (for the CI test)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.shape, args.dtypes, args.new_tokens, args.rounds = "llama-tiny", "float32", 8, 1
+        args.compile = False
     common.set_threads(args.threads)
     dtypes = args.dtypes.split(",")
     print(common.machine_line())
     results = []
-    with tqdm(total=2 * args.rounds * len(dtypes), desc="decode rounds", dynamic_ncols=True) as bar:
+    engines = 3 if args.compile else 2
+    with tqdm(total=engines * args.rounds * len(dtypes), desc="decode rounds", dynamic_ncols=True) as bar:
         for dtype in dtypes:
             results.append(run_dtype(args.shape, dtype, args, bar))
     print(f"\ncommand: {common.command_line()}")
@@ -266,11 +291,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{r['bandwidth'] / 1e9:.1f} GB/s", f"{1e3 * r['floor']:.2f}", f"{1e3 * r['matmuls']:.2f}",
             f"{1e3 * r['minengine']:.2f}", f"**{r['minengine_ratio']:.2f}x**",
             f"{1e3 * r['hf']:.2f}", f"{r['hf_ratio']:.2f}x", f"{r['hf'] / r['minengine']:.2f}x",
+            f"{1e3 * r['compiled']:.2f}" if r["compiled"] else "-",
+            f"**{r['compiled_ratio']:.2f}x**" if r["compiled"] else "-",
             " ".join(f"{x:.2f}" for x in r["loads"]),
         ])
     print(common.md_table(
         ["model", "params", "bytes/step", "read BW", "floor ms", "matmuls alone ms", "minengine ms",
-         "minengine / floor", "HF generate ms", "HF / floor", "HF / minengine", "load avg per round"], rows))
+         "minengine / floor", "HF generate ms", "HF / floor", "HF / minengine", "compiled ms",
+         "compiled / floor", "load avg per round"], rows))
+    for r in results:
+        if r["compiled"]:
+            print(f"compiled decode ({r['dtype']}): compiled at start-up in {r['compile_seconds']:.1f} s, "
+                  f"same greedy tokens as the eager engine, {r['minengine'] / r['compiled']:.2f}x faster per token")
     for r in results:
         if r["breakdown"]:
             base = r["breakdown"]["as shipped"]

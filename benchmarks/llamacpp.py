@@ -150,18 +150,20 @@ def llama_bench(path: Path, threads: int, n_gen: int, reps: int) -> dict[str, fl
     return out
 
 
-def minengine_single(dtype: str, threads: int, n_gen: int) -> dict[str, float]:
-    """Batch-1 decode (median token gap of one request) and a 512-token prefill, from the engine's stamps."""
+def minengine_single(dtype: str, threads: int, n_gen: int, compile_decode: bool = False) -> dict[str, float]:
+    """Batch-1 decode (median token gap of one request) and a 512-token prefill, from the engine's stamps.
+    ``compile_decode``: the decode steps as one compiled graph (compiled when the engine starts)."""
     import minengine
     from minengine.engine.threads import set_torch_threads
 
     set_torch_threads(threads)
-    llm = minengine.LLM(MODEL, dtype=dtype, enable_prefix_caching=False, max_num_seqs=4)
+    llm = minengine.LLM(MODEL, dtype=dtype, enable_prefix_caching=False, max_num_seqs=4,
+                        compile_decode=compile_decode)
     tok = llm.get_tokenizer()
     prompt = tok.encode("The history of the city begins with " * 64, add_special_tokens=False)[:512]
     params = minengine.SamplingParams(max_tokens=n_gen, temperature=0.0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompt[:16]}], params, use_tqdm=False)  # warm-up
-    llm.generate([{"prompt_token_ids": prompt[:16]}], params, use_tqdm=False)
+    tokens = llm.generate([{"prompt_token_ids": prompt[:16]}], params, use_tqdm=False)[0].outputs[0].token_ids
     record = llm.request_records[-1]
     gaps = [b - a for a, b in zip(record.token_times, record.token_times[1:], strict=False)]
     prefills = []
@@ -169,8 +171,11 @@ def minengine_single(dtype: str, threads: int, n_gen: int) -> dict[str, float]:
         llm.generate([{"prompt_token_ids": prompt}], minengine.SamplingParams(max_tokens=1), use_tqdm=False)
         prefills.append(llm.request_records[-1].ttft)
     weights = common.weight_bytes(llm.llm_engine.model)
-    return {"decode_ms": statistics.median(gaps) * 1e3, "prefill_tok_s": len(prompt) / statistics.median(prefills),
-            "weight_bytes": weights}
+    out = {"decode_ms": statistics.median(gaps) * 1e3, "prefill_tok_s": len(prompt) / statistics.median(prefills),
+           "weight_bytes": weights, "tokens": list(tokens)}
+    if compile_decode:
+        out["compile_seconds"] = llm.llm_engine.model_runner.compiled_decode.compile_seconds
+    return out
 
 
 def _free_port() -> int:
@@ -264,6 +269,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="build llama-cpp-python[server] into benchmarks/out/llamacpp/pyvenv (idempotent)")
     ap.add_argument("--python-server", action="store_true",
                     help="also serve the batched workload with llama-cpp-python's server (one at a time)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="skip minengine fp32 with compile_decode=True (it compiles for about a minute first)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="minengine fp32 only, 8 tokens (no llama.cpp)")
     args = ap.parse_args(argv)
@@ -284,6 +291,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = minengine_single(dtype, args.threads, 8 if args.smoke else args.gen)
         r["floor_ms"] = r["weight_bytes"] / bandwidth * 1e3
         results[f"minengine {dtype}"] = r
+    if args.compile and not args.smoke:
+        r = minengine_single("float32", args.threads, args.gen, compile_decode=True)
+        r["floor_ms"] = r["weight_bytes"] / bandwidth * 1e3
+        results["minengine float32 compiled"] = r
+        print("compiled decode: same greedy tokens as eager fp32:", r["tokens"] == results["minengine float32"]["tokens"])
     if not args.smoke:
         if not have_tools():
             print(f"llama.cpp tools missing under {BUILD}: run with --build (it takes minutes)", file=sys.stderr)
@@ -303,6 +315,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if isinstance(r, dict) and "decode_ms" in r:
             print(f"{key:22s} {r['decode_ms']:10.2f} {r['decode_ms'] / r['floor_ms']:8.2f} "
                   f"{r['prefill_tok_s']:14.0f} {r['weight_bytes'] / 1e6:8.1f}")
+    ref = results.get("llama.cpp f32")
+    for key in ("minengine float32", "minengine float32 compiled"):
+        if ref and key in results:
+            print(f"{key} / llama.cpp f32 decode: {results[key]['decode_ms'] / ref['decode_ms']:.2f}x")
     for key, r in results.get("batched", {}).items():
         print(f"{key:30s} {r['output_tok_s']:7.1f} output tok/s  ({r['completed']} done, errors {r['errors']})")
     if "batched" in results:

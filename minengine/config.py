@@ -54,6 +54,9 @@ class EngineConfig:
     enforce_eager: bool | None = None  # True: no CUDA graphs (vLLM's name); None: graphs on CUDA with flex only
     attention_backend: str | None = None  # "gather" (reference) | "flex" (paged in place); None: by device
     cudagraph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,... max_num_seqs
+    # CPU only: run all-decode steps as one torch.compile'd graph (engine/compiled_decode.py). Off by
+    # default: compiling takes tens of seconds at start-up and needs a C++ compiler.
+    compile_decode: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -72,6 +75,8 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.compile_decode, bool):
+            raise ValueError(f"compile_decode must be True or False, got {self.compile_decode!r}")
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True, False or None, got {self.enforce_eager!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:

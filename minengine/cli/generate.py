@@ -48,6 +48,8 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--compile-decode", action="store_true",
+                        help="CPU: run decode steps as one torch.compile'd graph (compiles first, ~1 min)")
     parser.add_argument("--base-url", default=None, help="stream from this OpenAI-compatible server instead")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="for --base-url")
     parser.set_defaults(func=run)
@@ -110,7 +112,9 @@ async def _stream_local(args: argparse.Namespace) -> Any:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = {"device": args.device} if args.device else {}
+    options: dict[str, Any] = {"device": args.device} if args.device else {}
+    if args.compile_decode:
+        options["compile_decode"] = True
     from minengine.models.loader import cli_default_model
 
     model = args.model or cli_default_model()

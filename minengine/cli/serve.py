@@ -53,6 +53,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--block-size", type=positive_int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--no-chunked-prefill", action="store_true", help="turn chunked prefill off")
+    parser.add_argument("--compile-decode", action="store_true",
+                        help="CPU: run decode steps as one torch.compile'd graph (compiles at start-up, ~1 min)")
     parser.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
@@ -85,6 +87,8 @@ def engine_options(args: argparse.Namespace) -> dict:
         options["enable_prefix_caching"] = False
     if args.no_chunked_prefill:
         options["enable_chunked_prefill"] = False
+    if args.compile_decode:
+        options["compile_decode"] = True
     return options
 
 

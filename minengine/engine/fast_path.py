@@ -35,6 +35,7 @@ from minengine.models.attention import AttentionMetadata, KVCache
 from minengine.models.paged_decode import DecodeBatch
 
 if TYPE_CHECKING:
+    from minengine.engine.compiled_decode import CompiledDecode
     from minengine.engine.model_runner import ModelRunner
 
 MAX_CAPTURE_SIZE = 512  # nano-vllm's cap; bigger decode batches are compute-bound enough to run eagerly
@@ -284,6 +285,28 @@ def make_model_runner(
 ) -> ModelRunner:
     """The engine's ``ModelRunner`` for ``plan`` (``kv_cache`` holds ``plan.extra_blocks`` more blocks
     than the scheduler's ``kv_cache.num_blocks``; the last one is the scratch block)."""
+    runner = _make_runner(model, kv_cache, device, sampler, config, plan, graph_backend)
+    if config.compile_decode:
+        runner.compiled_decode = _compiled_decode(model, kv_cache, device)
+    return runner
+
+
+def _compiled_decode(model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device) -> CompiledDecode:
+    """The CPU's compiled decode steps, compiled now (on block 0: nothing is allocated yet)."""
+    from minengine.engine.compiled_decode import CompiledDecode
+
+    if device.type != "cpu":
+        raise ValueError(f"compile_decode is a CPU fast path; on {device.type} leave it off "
+                         "(on CUDA the engine replays CUDA graphs instead: enforce_eager=False)")
+    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size)
+    compiled.warmup(free_block=0)
+    return compiled
+
+
+def _make_runner(
+    model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
+    config: EngineConfig, plan: FastPathPlan, graph_backend: GraphBackend | None,
+) -> ModelRunner:
     from minengine.engine.model_runner import ModelRunner
 
     if not plan.enabled:

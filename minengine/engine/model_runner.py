@@ -14,8 +14,9 @@ nothing, and skipping its rows saves a [tokens, vocab] matmul.
 
 The fast path (``minengine.engine.fast_path``, on by default on CUDA) plugs in here without changing
 the interface: an all-decode step that fits a captured size replays a CUDA graph, and with
-``attention_backend="flex"`` the decodes of any step read the paged cache in place. With neither
-(the CPU default) the reference path runs exactly as before.
+``attention_backend="flex"`` the decodes of any step read the paged cache in place. On a CPU,
+``compile_decode=True`` runs all-decode steps as one compiled graph (``engine/compiled_decode.py``).
+With none of these (the CPU default) the reference path runs exactly as before.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from minengine.engine.sampler import Sampler
 from minengine.models.attention import AttentionMetadata
 
 if TYPE_CHECKING:
+    from minengine.engine.compiled_decode import CompiledDecode
     from minengine.engine.fast_path import DecodeGraphRunner, DecodeInputs
 
 
@@ -56,6 +58,7 @@ class ModelRunner:
         self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
         *, attention_backend: str = "gather", graph_runner: DecodeGraphRunner | None = None,
         pad_block: int | None = None, max_blocks_per_seq: int | None = None,
+        compiled_decode: CompiledDecode | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -66,6 +69,7 @@ class ModelRunner:
         self.pad_block = pad_block  # the scratch KV block padding rows write to (fast path only)
         self.max_blocks_per_seq = max_blocks_per_seq
         self.num_graph_steps = 0  # steps served by a graph replay
+        self.compiled_decode = compiled_decode  # None: no compiled CPU decode steps (the default)
         # How the phase times in each StepRecord were taken (the record has no field for it).
         self.timing_method = ("torch.cuda.synchronize() before each perf_counter() read"
                               if device.type == "cuda" else "perf_counter() (CPU work is synchronous)")
@@ -83,6 +87,10 @@ class ModelRunner:
             t1 = self._clock()
             logits = self._graph_forward(bucket, len(decode_inputs.input_ids), rows)
             self.num_graph_steps += 1
+        elif self.compiled_decode is not None and self.compiled_decode.can_run(scheduler_output):
+            sampled_reqs, args = self.compiled_decode.prepare(scheduler_output)
+            t1 = self._clock()
+            logits = self.compiled_decode.forward(args)
         else:
             inputs = self.prepare_inputs(scheduler_output)
             sampled_reqs = inputs.sampled

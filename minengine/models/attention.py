@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from minengine.models.paged_decode import DecodeBatch
+from minengine.models.paged_decode import DecodeBatch, DecodeTensors
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -274,7 +274,7 @@ def paged_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     kv_cache: KVCache | None,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | DecodeTensors,
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
@@ -285,6 +285,9 @@ def paged_attention(
     first ``seq_lens[i]`` cached tokens, its queries sitting at the END of that context (a prefill chunk
     or a decode). Without a cache each sequence attends causally within its own new tokens.
     """
+    if isinstance(meta, DecodeTensors):  # a compiled decode step: tensors only, one batched call
+        assert kv_cache is not None and sliding_window is None
+        return meta.attend(q, k, v, kv_cache, scale)
     if kv_cache is None:
         out = torch.empty_like(q)
         for i, n in enumerate(meta.query_lens):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -210,3 +210,42 @@ def gather_decode(
     else:
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)
+
+
+class DecodeTensors(NamedTuple):
+    """B decodes described by tensors only, for a *compiled* decode step (``engine/compiled_decode.py``).
+
+    ``AttentionMetadata`` carries Python lists, which ``torch.compile`` would treat as constants (one
+    recompile per step); this carries the same facts as tensors whose sizes may vary (B rows, L keys):
+
+        slot_mapping   [B]     int64  where each row's new K/V goes (flat cache slot)
+        context_slots  [B, L]  int64  each row's context slots, the new token's included, padded with slot 0
+        mask           [B, 1, 1, L] bool, True where a key is real; None when no row is padded (B == 1)
+
+    Full attention only (no sliding window): the compiled path is not offered to windowed models.
+    """
+
+    slot_mapping: torch.Tensor
+    context_slots: torch.Tensor
+    mask: torch.Tensor | None
+
+    def prepare(self, device: torch.device, sliding_windows: Any = ()) -> None:
+        """Nothing to build: the runner made the tensors (the model calls this on any metadata)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+               scale: float) -> torch.Tensor:
+        """Write the new K/V, gather each row's context, attend: q [B, H_q, D] -> [B, H_q, D].
+
+        The same three steps as the reference path's decode group (``attention._decode``), on tensors."""
+        k_cache, v_cache = kv_cache
+        n_kv, d = k_cache.shape[2], k_cache.shape[3]
+        k_flat, v_flat = k_cache.view(-1, n_kv, d), v_cache.view(-1, n_kv, d)
+        k_flat.index_copy_(0, self.slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, self.slot_mapping, v.to(v_flat.dtype))
+        b, length = self.context_slots.shape
+        slots = self.context_slots.reshape(-1)
+        keys = k_flat.index_select(0, slots).view(b, length, n_kv, d).transpose(1, 2).to(q.dtype)
+        values = v_flat.index_select(0, slots).view(b, length, n_kv, d).transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.mask, scale=scale,
+                                             enable_gqa=keys.shape[1] != q.shape[1])
+        return out.squeeze(2)

@@ -1,0 +1,134 @@
+"""The CPU's compiled decode steps (``compile_decode=True``): the same greedy tokens as transformers and
+as the eager engine, through batches of different lengths, prefill/decode mixes, preemption and prefix
+hits; graphs compiled once at start-up and reused for every length and batch size; readable errors for
+options it can't honour; a failed compile falls back to the reference path instead of failing.
+
+One engine per model is compiled per module (a compile of the tiny models takes seconds to tens of
+seconds on 2 cores); the tests share it. Speed is a benchmark's business (``benchmarks/decode_floor.py``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hf_utils import load_hf_reference
+
+from minengine.config import EngineConfig
+from minengine.core.sampling_params import SamplingParams
+from minengine.engine.compiled_decode import CompiledDecode
+from minengine.engine.llm import LLM
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+COMMON = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=160, block_size=8, num_blocks=80)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(3 + 9 * i)] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def compiled_llm(hf_model_dir) -> LLM:
+    return LLM(hf_model_dir("llama"), compile_decode=True, **COMMON)
+
+
+@pytest.fixture(scope="module")
+def eager_llm(hf_model_dir) -> LLM:
+    return LLM(hf_model_dir("llama"), **COMMON)
+
+
+def _tokens(llm: LLM, prompts: list[list[int]], max_tokens: int = 24) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["frames"].values())
+
+
+def test_compiled_steps_give_the_eager_and_hf_greedy_tokens(compiled_llm, eager_llm, hf_model_dir) -> None:
+    prompts = _prompts(6)  # 3..48 tokens, chunked at 32 tokens a step: prefill and decode steps mix
+    compiled = compiled_llm.llm_engine.model_runner.compiled_decode
+    before = compiled.num_steps
+    got = _tokens(compiled_llm, prompts)
+    assert got == _tokens(eager_llm, prompts)
+    hf = load_hf_reference(hf_model_dir("llama"))
+    with torch.inference_mode():
+        for ids, tokens in zip(prompts, got, strict=True):
+            x = torch.tensor([ids])
+            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
+                              pad_token_id=0)
+            ref = out[0, len(ids):].tolist()  # HF stops at EOS (2); the engine was told to ignore it
+            ref = ref[: ref.index(2) + 1] if 2 in ref else ref
+            assert tokens[: len(ref)] == ref and len(ref) >= 4
+    records = list(compiled_llm.llm_engine.step_records)
+    all_decode = [r for r in records if r.num_prefill_tokens == 0]
+    assert compiled.num_steps - before == len(all_decode) > 0  # every all-decode step ran the graph
+    assert any(r.num_prefill_tokens > 0 and r.num_decode_tokens > 0 for r in records)  # mixes ran eagerly
+
+
+def test_one_compile_serves_every_length_and_batch_size(compiled_llm) -> None:
+    """Warm-up compiled B = 1 and B = 2 with L marked dynamic: new lengths and batch sizes reuse them."""
+    compiled = compiled_llm.llm_engine.model_runner.compiled_decode
+    assert compiled.disabled is None and compiled.compile_seconds > 0
+    frames = _frames_compiled()
+    _tokens(compiled_llm, _prompts(1, seed=3), max_tokens=40)  # B = 1, L from 4 to 43
+    _tokens(compiled_llm, _prompts(4, seed=4), max_tokens=30)  # B = 2..4, uneven lengths
+    assert _frames_compiled() == frames
+
+
+def test_preemption_and_shared_prefix_blocks(hf_model_dir, compiled_llm) -> None:
+    """A cache too small for the batch (preempted and recomputed) and rows sharing prefix blocks."""
+    rng = random.Random(7)
+    prefix = [rng.randrange(3, 512) for _ in range(20)]
+    prompts = [prefix + [rng.randrange(3, 512) for _ in range(2 + 5 * i)] for i in range(5)]
+    small = dict(COMMON, num_blocks=14, max_num_seqs=5)
+    ref = _tokens(LLM(hf_model_dir("llama"), **small), prompts, max_tokens=30)
+    llm = LLM(hf_model_dir("llama"), compile_decode=True, **small)  # inductor's cache: no new compile
+    assert _tokens(llm, prompts, max_tokens=30) == ref
+    engine = llm.llm_engine
+    assert engine.num_preemptions > 0 and engine.prefix_cache_stats["hits"] > 0
+    assert engine.model_runner.compiled_decode.num_steps > 0
+
+
+def test_a_failed_compile_warns_and_runs_eagerly(hf_model_dir, eager_llm) -> None:
+    def broken(fn):
+        def call(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return call
+
+    llm = LLM(hf_model_dir("llama"), **COMMON)
+    engine = llm.llm_engine
+    compiled = CompiledDecode(engine.model, engine.kv_cache.kv_caches, engine.kv_cache.block_size, compile_fn=broken)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        compiled.warmup(free_block=0)
+    engine.model_runner.compiled_decode = compiled
+    prompts = _prompts(3)
+    assert _tokens(llm, prompts) == _tokens(eager_llm, prompts)
+    assert compiled.disabled and compiled.num_steps == 0
+
+
+def test_options_it_cannot_honour_are_readable_errors(hf_model_dir) -> None:
+    with pytest.raises(ValueError, match="compile_decode must be True or False"):
+        EngineConfig(model="x", compile_decode="yes")
+    with pytest.raises(ValueError, match="full-attention models only"):
+        LLM(hf_model_dir("mistral"), compile_decode=True, **COMMON)  # a sliding window
+    from minengine.engine.fast_path import _compiled_decode
+
+    engine = LLM(hf_model_dir("llama"), **COMMON).llm_engine
+    with pytest.raises(ValueError, match="CPU fast path"):
+        _compiled_decode(engine.model, engine.kv_cache, torch.device("meta"))
+
+
+def test_the_cli_flags_reach_the_engine() -> None:
+    from minengine.cli.main import build_parser
+    from minengine.cli.serve import engine_options
+
+    parser = build_parser()
+    assert engine_options(parser.parse_args(["serve", "--compile-decode"]))["compile_decode"] is True
+    assert "compile_decode" not in engine_options(parser.parse_args(["serve"]))
+    assert parser.parse_args(["generate", "hi", "--compile-decode"]).compile_decode is True
