@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/decode_steps.py --smoke
     .venv/bin/python benchmarks/decode_steps.py --model benchmarks/out/models/llama-12m-float32-s0 \
         --batches 64 --prompt-len 400 --steps 10 --profile      # where a batch-64 decode step goes
+    .venv/bin/python benchmarks/decode_steps.py --model benchmarks/out/models/llama-100m-float32-s0 \
+        --batches 64 --prompt-len 290 --steps 5 --threads 2 --num-blocks 3000 --profile
 
 Every request gets a short prompt and ``ignore_eos`` so all of them decode for the same number of
 steps; only steps that ran exactly ``batch`` decodes and no prefill are kept, so the median is a clean
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float]]:
     ap.add_argument("--steps", type=int, default=30, help="decode steps per batch size")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks (default: sized from memory; big batches x long prompts may need more)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler table of 5 decode steps at the largest batch")
     ap.add_argument("--smoke", action="store_true", help="batches 1 and 4, 3 steps")
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float]]:
     if args.smoke:
         args.batches, args.steps = "1,4", 3
     common.set_threads(args.threads)
-    llm = minengine.LLM(model=args.model, enable_prefix_caching=False)
+    llm = minengine.LLM(model=args.model, enable_prefix_caching=False, num_blocks=args.num_blocks)
     print(f"command: {common.command_line()}")
     print(common.machine_line() + f"; device {llm.llm_engine.model.device}")
     measure(llm, 1, 3, args.prompt_len)  # warm-up
