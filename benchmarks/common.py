@@ -81,11 +81,16 @@ def machine_info() -> dict[str, Any]:
 
 
 def machine_line() -> str:
+    """The run's machine, with the math library minengine's ``F.linear`` GEMVs go to (MKL, OpenBLAS...):
+    the same call gets different kernels on different CPUs (lesson 02, section 3b), so it is part of the
+    machine a figure belongs to."""
+    from minengine.course.kernel_lesson import blas_line
+
     m = machine_info()
     load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
     return (f"machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads, "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; "
-            f"load average {load}; {m['date']}")
+            f"linear kernels: {blas_line().replace('; ', ', ')}; load average {load}; {m['date']}")
 
 
 def command_line() -> str:
