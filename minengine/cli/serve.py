@@ -118,6 +118,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"minengine serve: error: {e}", file=sys.stderr)
         return 2
     engine = app.state.llm.engine
+    compiled = engine.model_runner.compiled_decode
+    if compiled is not None:  # say whether the compiled path is on: a failed compile only warns
+        state = (f"off, running eagerly ({compiled.disabled})" if compiled.disabled
+                 else f"on, compiled in {compiled.compile_seconds:.1f} s")
+        print(f"minengine: compiled decode steps {state}", file=sys.stderr, flush=True)
     print(
         f"minengine: serving {app.state.model_name!r} on {engine.device} "
         f"(max_model_len {engine.config.max_model_len}, {engine.scheduler.block_manager.num_blocks} KV "
