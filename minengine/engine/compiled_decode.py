@@ -16,6 +16,10 @@ not cover run the reference path unchanged: a prefill or a prompt chunk in the s
 nothing, a step whose padded context exceeds ``max_context_tokens`` (where the eager path splits decodes
 into length-sorted groups), and models with a sliding window.
 
+fp32 only: in bf16 the fused kernels round once where eager PyTorch rounds after every op, and on a
+random-weight 100M model greedy tokens left the eager engine's within 1-6 tokens (inductor's
+``emulate_precision_casts`` only delayed it), so a 16-bit model is refused with the reason.
+
 The price is start-up time (tens of seconds on a laptop CPU, less once inductor's on-disk cache is warm)
 and a C++ compiler; a failed compile warns and leaves the engine on the reference path. Tokens: the
 fused kernels round in a different order than eager PyTorch, so logits differ in the last bits; greedy
@@ -52,6 +56,12 @@ class CompiledDecode:
         windows = getattr(getattr(model, "model", None), "sliding_windows", {None})
         if windows != {None}:
             raise ValueError("compile_decode supports full-attention models only (this one has a sliding window)")
+        dtype = getattr(model, "dtype", torch.float32)
+        if dtype != torch.float32:
+            raise ValueError(
+                f"compile_decode needs float32 weights, not {dtype}: in 16-bit the fused kernels round "
+                "differently from the eager ops and greedy tokens drift from the eager engine's within a few "
+                "tokens (and a CPU's bf16 GEMVs are kernel-bound, so compiling gains little there)")
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
