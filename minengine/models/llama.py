@@ -11,7 +11,8 @@ fused matrices into ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` v
 without renaming and every name in an error message is a checkpoint's name.
 
 The forward pass works on a *packed* batch: ``input_ids`` and ``positions`` are [N] (all new tokens of
-all sequences, concatenated), and ``AttentionMetadata`` tells attention where each sequence begins.
+all sequences, concatenated), and ``AttentionMetadata`` tells attention where each sequence begins (or,
+in a compiled decode step, ``DecodeTensors`` says the same with tensors only).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from minengine.models.attention import AttentionMetadata, KVCache, paged_attention
 from minengine.models.config import ModelConfig
+from minengine.models.paged_decode import DecodeTensors
 
 
 class RMSNorm(nn.Module):
@@ -149,7 +151,7 @@ class LlamaAttention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         rotary_emb: RotaryEmbedding,
-        attn_metadata: AttentionMetadata,
+        attn_metadata: AttentionMetadata | DecodeTensors,
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         n, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
@@ -228,7 +230,7 @@ class LlamaDecoderLayer(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         rotary_emb: RotaryEmbedding,
-        attn_metadata: AttentionMetadata,
+        attn_metadata: AttentionMetadata | DecodeTensors,
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         """``rope``: this step's (cos, sin) rows from ``RotaryEmbedding.tables``."""
@@ -249,7 +251,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
+        attn_metadata: AttentionMetadata | DecodeTensors,
         kv_caches: list[KVCache] | None = None,
     ) -> torch.Tensor:
         if kv_caches is not None and len(kv_caches) != len(self.layers):
@@ -297,7 +299,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
+        attn_metadata: AttentionMetadata | DecodeTensors,
         kv_caches: list[KVCache] | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [N] int64 (packed batch) -> hidden states [N, hidden_size]."""
