@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from minengine.engine.threads import set_torch_threads
+from minengine.perf.measure import blas_line, cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = ROOT / "benchmarks" / "out" / "models"  # git-ignored
@@ -54,16 +55,6 @@ def loadavg() -> tuple[float, float, float]:
         return (float("nan"),) * 3
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict[str, Any]:
     """What a reader needs to judge a CPU number: chip, cores, torch threads, versions, load right now."""
     import transformers
@@ -84,8 +75,6 @@ def machine_line() -> str:
     """The run's machine, with the math library minengine's ``F.linear`` GEMVs go to (MKL, OpenBLAS...):
     the same call gets different kernels on different CPUs (lesson 02, section 3b), so it is part of the
     machine a figure belongs to."""
-    from minengine.course.kernel_lesson import blas_line
-
     m = machine_info()
     load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
     return (f"machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads, "

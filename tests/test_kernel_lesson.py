@@ -126,7 +126,7 @@ def test_blas_line_names_the_libraries() -> None:
 
 
 def test_machine_line_names_cpu_and_torch() -> None:
-    assert kl.cpu_model()
+    assert kl.cpu_name()
     line = kl.machine_line()
     assert torch.__version__ in line and "logical CPU" in line
 

@@ -56,14 +56,9 @@ class BookError(RuntimeError):
 # ------------------------------------------------------------------------------------------ machine
 def machine_info() -> dict[str, Any]:
     """Where the executed outputs come from: CPU, cores, torch version, date (UTC)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from minengine.perf.measure import cpu_name
+
+    cpu = cpu_name()
     try:
         import torch
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import re
 import time
 import warnings
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minengine.engine.threads import torch_threads
+from minengine.perf.measure import blas_line, cpu_name
 from minengine.perf.model_presets import PRESETS
 from minengine.perf.model_spec import estimate_num_params
 
@@ -221,35 +221,9 @@ def measure_kernels(sizes: KernelSizes, threads: int | None = None, progress: bo
 
 
 # ------------------------------------------------------------------------------------------- this machine
-def cpu_model() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def blas_line(config: str | None = None) -> str:
-    """Which math libraries this torch calls, from ``torch.__config__.show()``: BLAS, its version, oneDNN,
-    the SIMD level; e.g. "BLAS_INFO=mkl (Intel(R) oneAPI Math Kernel Library Version 2024.2 ...)"."""
-    text = torch.__config__.show() if config is None else config
-    parts = []
-    blas = re.search(r"BLAS_INFO=([\w-]+)", text)
-    parts.append(f"BLAS_INFO={blas[1]}" if blas else "BLAS_INFO not reported")
-    for pattern in (r"Math Kernel Library Version [\w.]+", r"OpenBLAS[^\n]*", r"MKL-DNN v[\w.]+",
-                    r"CPU capability usage: \w+"):
-        found = re.search(pattern, text)
-        if found:
-            parts.append(found[0].strip())
-    return "; ".join(parts)
-
-
 def machine_line() -> str:
     """One line naming the CPU, its cores and the libraries: what the measured numbers belong to."""
-    return f"{cpu_model()}, {os.cpu_count()} logical CPU(s), torch {torch.__version__}: {blas_line()}"
+    return f"{cpu_name()}, {os.cpu_count()} logical CPU(s), torch {torch.__version__}: {blas_line()}"
 
 
 # ------------------------------------------------------------------------------------------- plotting

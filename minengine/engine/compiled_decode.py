@@ -127,8 +127,7 @@ class CompiledDecode:
         table = [free_block]
         try:
             for batch in (1, 2):
-                lens = [2 + i for i in range(batch)]  # < block_size + 1: every slot is in free_block
-                lens = [min(n, bs) for n in lens]
+                lens = [min(2 + i, bs) for i in range(batch)]  # every slot inside free_block
                 args = self._tensors([0] * batch, [n - 1 for n in lens], [free_block * bs + n - 1 for n in lens],
                                      lens, [table] * batch)
                 self.forward(args)

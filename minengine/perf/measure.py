@@ -36,6 +36,38 @@ from minengine.perf.hardware import Accelerator
 CACHE_FILE = Path("~/.cache/minengine/machine.json")
 
 
+def cpu_name() -> str:
+    """The CPU's marketing name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def blas_line(config: str | None = None) -> str:
+    """Which math libraries this torch calls, from ``torch.__config__.show()``: BLAS, its version, oneDNN,
+    the SIMD level; e.g. "BLAS_INFO=mkl; Math Kernel Library Version 2024.2; ...". The same ``F.linear``
+    gets different kernels from different libraries and CPUs, so a measured figure belongs to this line."""
+    import re
+
+    import torch
+
+    text = torch.__config__.show() if config is None else config
+    blas = re.search(r"BLAS_INFO=([\w-]+)", text)
+    parts = [f"BLAS_INFO={blas[1]}" if blas else "BLAS_INFO not reported"]
+    for pattern in (r"Math Kernel Library Version [\w.]+", r"OpenBLAS[^\n]*", r"MKL-DNN v[\w.]+",
+                    r"CPU capability usage: \w+"):
+        found = re.search(pattern, text)
+        if found:
+            parts.append(found[0].strip())
+    return "; ".join(parts)
+
+
 def measure_this_machine(device: Any = None, *, persist: bool = False, refresh: bool = False,
                          cache_file: str | Path | None = None) -> Accelerator:
     """Measured bandwidth and matmul peak of ``device`` (default: CUDA if available, else CPU)."""
