@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -494,6 +495,8 @@ def test_serve_cli_subprocess(tmp_path):
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     assert "serving 'tinystories-4m'" in err
+    frozen = re.search(r"([\d,]+) start-up objects frozen out of GC walks", err)
+    assert frozen and int(frozen.group(1).replace(",", "")) > 10_000, err  # torch alone is more
 
 
 def test_serve_cli_bad_model_is_one_line(capsys):

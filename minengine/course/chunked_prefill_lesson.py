@@ -20,6 +20,7 @@ import numpy as np
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
 from minengine.course.lessons import SHIPPED_VOCAB, random_prompt
+from minengine.engine.gc_heap import gc_heap_frozen
 
 SIM_MODEL = "llama-3.1-8b"
 SIM_MAX_LEN = 32_768
@@ -152,14 +153,15 @@ def interference_run(llm: Any, n_streams: int = 16, long_len: int = 1500, stream
                for _ in range(n_streams)]
     long = None
     try:
-        while any(len(r.record.token_times) < 3 for r in streams):
-            engine.step()
-        long = engine.add_request(None, random_prompt(long_len, rng, vocab),
-                                  SamplingParams(max_tokens=tail_steps + 2, ignore_eos=True, temperature=0))
-        while not long.record.token_times:
-            engine.step()
-        for _ in range(tail_steps):
-            engine.step()
+        with gc_heap_frozen():  # a collector's pause would pass for the long prompt's interference
+            while any(len(r.record.token_times) < 3 for r in streams):
+                engine.step()
+            long = engine.add_request(None, random_prompt(long_len, rng, vocab),
+                                      SamplingParams(max_tokens=tail_steps + 2, ignore_eos=True, temperature=0))
+            while not long.record.token_times:
+                engine.step()
+            for _ in range(tail_steps):
+                engine.step()
     finally:
         engine.abort_request([r.request_id for r in [*streams, *([long] if long else [])] if not r.is_finished])
     n = engine.engine_core.num_steps - steps_before

@@ -30,6 +30,7 @@ from minengine.course.lesson_model import (  # noqa: F401  (lessons call lu.less
     lesson_model,
     real_model_installed,
 )
+from minengine.engine.gc_heap import gc_heap_frozen
 from minengine.engine.threads import torch_threads
 from minengine.models.config import ModelConfig
 from minengine.models.llama import LlamaForCausalLM
@@ -231,31 +232,34 @@ def run_requests(llm: Any, work: Sequence[WorkRequest],
     """Drive the engine step by step, adding each request at its arrival time, like a client would.
 
     ``llm`` is an ``LLM`` or an ``LLMEngine``. Arrival times are the scheduled ones, so a request
-    that waits for a busy step counts that wait in its TTFT (as a real client's clock would).
+    that waits for a busy step counts that wait in its TTFT (as a real client's clock would). The
+    heap that existed before the run is kept out of garbage-collection walks while it lasts
+    (``gc_heap_frozen``): the notebook's earlier records belong to the client, not to the server.
     """
     engine = getattr(llm, "llm_engine", llm)
     pending = sorted(work, key=lambda w: w.arrival)
     added: list[Any] = []
     steps: list[StepRecord] = []  # the engine's own StepRecords, in order
-    t0 = time.perf_counter()
-    try:
-        while pending or engine.has_unfinished_requests():
-            now = time.perf_counter() - t0
-            while pending and pending[0].arrival <= now:
-                w = pending.pop(0)
-                added.append(engine.add_request(None, w.prompt, w.params, arrival_time=t0 + w.arrival))
-            if engine.has_unfinished_requests():
-                engine.step()
-                record = engine.last_step_record
-                if record is not None and (not steps or steps[-1] is not record):
-                    steps.append(record)
-                    if on_step is not None:
-                        on_step(record)
-            elif pending:
-                time.sleep(min(pending[0].arrival - now, 0.05))
-    except BaseException:
-        engine.abort_request([r.request_id for r in added if not r.is_finished])
-        raise
+    with gc_heap_frozen():
+        t0 = time.perf_counter()
+        try:
+            while pending or engine.has_unfinished_requests():
+                now = time.perf_counter() - t0
+                while pending and pending[0].arrival <= now:
+                    w = pending.pop(0)
+                    added.append(engine.add_request(None, w.prompt, w.params, arrival_time=t0 + w.arrival))
+                if engine.has_unfinished_requests():
+                    engine.step()
+                    record = engine.last_step_record
+                    if record is not None and (not steps or steps[-1] is not record):
+                        steps.append(record)
+                        if on_step is not None:
+                            on_step(record)
+                elif pending:
+                    time.sleep(min(pending[0].arrival - now, 0.05))
+        except BaseException:
+            engine.abort_request([r.request_id for r in added if not r.is_finished])
+            raise
     records = [r.record for r in added]
     return RunResult(records, steps, max((r.token_times[-1] for r in records if r.token_times), default=t0) - t0)
 
