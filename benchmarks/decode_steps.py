@@ -7,6 +7,8 @@
         --batches 64 --prompt-len 400 --steps 10 --profile      # where a batch-64 decode step goes
     .venv/bin/python benchmarks/decode_steps.py --model benchmarks/out/models/llama-100m-float32-s0 \
         --batches 64 --prompt-len 290 --steps 5 --threads 2 --num-blocks 3000 --profile
+    .venv/bin/python benchmarks/decode_steps.py --model benchmarks/out/models/llama-100m-float32-s0 \
+        --batches 64 --prompt-len 290 --steps 5 --threads 2 --num-blocks 3000 --compile-decode
 
 Every request gets a short prompt and ``ignore_eos`` so all of them decode for the same number of
 steps; only steps that ran exactly ``batch`` decodes and no prefill are kept, so the median is a clean
@@ -49,12 +51,19 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float]]:
                     help="KV blocks (default: sized from memory; big batches x long prompts may need more)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler table of 5 decode steps at the largest batch")
+    ap.add_argument("--compile-decode", action="store_true",
+                    help="CPU, fp32: decode steps as one compiled graph (attention reads the KV cache in place)")
     ap.add_argument("--smoke", action="store_true", help="batches 1 and 4, 3 steps")
     args = ap.parse_args(argv)
     if args.smoke:
         args.batches, args.steps = "1,4", 3
     common.set_threads(args.threads)
-    llm = minengine.LLM(model=args.model, enable_prefix_caching=False, num_blocks=args.num_blocks)
+    if args.profile and args.compile_decode:  # name each generated kernel in the profile, not just "the graph"
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
+    llm = minengine.LLM(model=args.model, enable_prefix_caching=False, num_blocks=args.num_blocks,
+                        compile_decode=args.compile_decode)
     print(f"command: {common.command_line()}")
     print(common.machine_line() + f"; device {llm.llm_engine.model.device}")
     measure(llm, 1, 3, args.prompt_len)  # warm-up

@@ -64,13 +64,15 @@ except ImportError:  # run as a script: python benchmarks/throughput.py
 
 Workload = list[tuple[list[int], int]]  # (prompt token ids, output length)
 Result = tuple[list[RequestRecord], list[list[int]]]  # per request: record, generated ids
-MINENGINE = {
-    "minengine-decode-first": ("decode_first", True),
-    "minengine-decode-first-nochunk": ("decode_first", False),
-    "minengine-prefill-first": ("prefill_first", True),
-    "minengine-prefill-first-nochunk": ("prefill_first", False),
+MINENGINE = {  # name: (policy, chunked prefill, compile_decode)
+    "minengine-decode-first": ("decode_first", True, False),
+    "minengine-decode-first-nochunk": ("decode_first", False, False),
+    "minengine-prefill-first": ("prefill_first", True, False),
+    "minengine-prefill-first-nochunk": ("prefill_first", False, False),
+    "minengine-decode-first-compiled": ("decode_first", True, True),  # fp32 CPU only; not in the default run
 }
 ENGINES = [*MINENGINE, "hf-sequential", "hf-static", "hf-cb"]
+DEFAULT_ENGINES = [e for e in ENGINES if e != "minengine-decode-first-compiled"]
 
 
 def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
@@ -138,16 +140,27 @@ class PeakRSS:
 
 
 # --------------------------------------------------------------------------------------------- runs
-def run_minengine(path: str, policy: str, chunked: bool, args: argparse.Namespace
+def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, args: argparse.Namespace
                   ) -> Callable[[Workload], Result]:
     budget = args.chunk if chunked else args.max_model_len
     llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        num_blocks=args.kv_tokens // 16)
+                        num_blocks=args.kv_tokens // 16, compile_decode=compiled)
+
+    compiled = llm.llm_engine.model_runner.compiled_decode
 
     def run(w: Workload) -> Result:
         params = [minengine.SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in w]
+        start, compiled_before = time.perf_counter(), compiled.num_steps if compiled else 0
         outs = llm.generate([p for p, _ in w], params, use_tqdm=False)
+        steps = [s for s in llm.step_records if s.start >= start]
+        decode = [s for s in steps if s.num_prefill_tokens == 0]
+        run.steps = {  # type: ignore[attr-defined]  # where this run's time went (printed under the table)
+            "decode_steps": len(decode), "decode_s": sum(s.duration for s in decode),
+            "prefill_steps": len(steps) - len(decode),
+            "prefill_s": sum(s.duration for s in steps) - sum(s.duration for s in decode),
+            "compiled_steps": compiled.num_steps - compiled_before if compiled else 0,
+        }
         return list(llm.request_records), [list(o.outputs[0].token_ids) for o in outs]
 
     return run
@@ -228,7 +241,8 @@ def run_hf_cb(hf: Any, args: argparse.Namespace) -> Callable[[Workload], Result]
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-12m", choices=sorted(common.SHAPES))
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
+                    help=f"comma-separated, from {', '.join(ENGINES)}")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--prompt-range", default="16,512")
     ap.add_argument("--output-range", default="16,256")
@@ -301,6 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "itl_p50": s.itl.median, "itl_p99": s.itl.p99, "load": [load0, common.loadavg()[0]],
                     "matmul_flops": peak_flops, "floor_s": flops / peak_flops,
                     "floor_ratio": wall * peak_flops / flops, "run_peak_bytes": mem.peak - mem.start,
+                    **getattr(runners[name], "steps", {}),
                 })
                 bar.update(1)
     results: dict[str, Any] = {}
@@ -353,6 +368,11 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "same tokens as HF seq",
               "setup RSS MiB", "run peak RSS +MiB", "load avg (start/end of runs)"]
     print(common.md_table(header, rows))
+    for name, r in results.items():
+        if "decode_steps" in r:
+            print(f"{name}: {r['prefill_steps']:.0f} steps with prompt tokens took {r['prefill_s']:.1f} s, "
+                  f"{r['decode_steps']:.0f} all-decode steps {r['decode_s']:.1f} s "
+                  f"({r['compiled_steps']:.0f} of them compiled)")
 
 
 if __name__ == "__main__":

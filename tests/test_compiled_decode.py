@@ -95,6 +95,72 @@ def test_preemption_and_shared_prefix_blocks(hf_model_dir, compiled_llm) -> None
     assert engine.model_runner.compiled_decode.num_steps > 0
 
 
+def _reference_attention(q, k_cache, v_cache, tables: list[list[int]], lens: list[int], scale: float):
+    """Per row: gather its context from the paged cache, then SDPA (the eager path's method)."""
+    bs, out = k_cache.shape[1], []
+    for i, (table, n) in enumerate(zip(tables, lens, strict=True)):
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(n)])
+        keys = k_cache.flatten(0, 1)[slots].transpose(0, 1)[None]  # [1, H_kv, n, D]
+        values = v_cache.flatten(0, 1)[slots].transpose(0, 1)[None]
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            q[i][None, :, None], keys, values, scale=scale, enable_gqa=True)[0, :, 0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_decode_attention_reads_the_paged_cache_in_place(compiled: bool) -> None:
+    """DecodeTensors.attend against gather + SDPA: GQA, rows of different lengths, scattered blocks."""
+    from minengine.models.paged_decode import DecodeTensors
+
+    torch.manual_seed(0)
+    bs, n_kv, group, d = 4, 2, 3, 8
+    k_cache, v_cache = torch.randn(12, bs, n_kv, d), torch.randn(12, bs, n_kv, d)
+    tables, lens = [[5, 2, 9], [7], [11, 3]], [11, 2, 6]  # each row's new token at lens - 1
+    q, k, v = torch.randn(3, n_kv * group, d), torch.randn(3, n_kv, d), torch.randn(3, n_kv, d)
+    new_slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens, strict=True)]
+    length = max(lens)
+    context = torch.tensor([[t[p // bs] * bs + p % bs if p < n else 0 for p in range(length)]
+                            for t, n in zip(tables, lens, strict=True)])
+    meta = DecodeTensors(torch.tensor(new_slots), context, torch.arange(length) < torch.tensor(lens)[:, None])
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k.flatten(0, 1)[new_slots], expected_v.flatten(0, 1)[new_slots] = k, v
+    expected = _reference_attention(q, expected_k, expected_v, tables, lens, d ** -0.5)
+    attend = torch.compile(DecodeTensors.attend) if compiled else DecodeTensors.attend
+    got = attend(meta, q, k, v, (k_cache, v_cache), d ** -0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)  # the new K/V written
+
+
+def test_big_batches_run_compiled_too(hf_model_dir) -> None:
+    """16 rows of ~300 tokens: more padded context than one eager decode group holds (4,096 tokens)."""
+    from minengine.models.attention import CPU_DECODE_GROUP_TOKENS
+
+    # one step prefills every prompt, so every decode step after it has all 16 rows
+    big = dict(max_num_seqs=16, max_num_batched_tokens=8192, max_model_len=400, block_size=16, num_blocks=400)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 512) for _ in range(260 + 4 * i)] for i in range(16)]
+    llm = LLM(hf_model_dir("llama"), compile_decode=True, **big)
+    got = _tokens(llm, prompts, max_tokens=12)
+    assert got == _tokens(LLM(hf_model_dir("llama"), **big), prompts, max_tokens=12)
+    decodes = [r for r in llm.llm_engine.step_records if r.num_prefill_tokens == 0]
+    assert len(decodes) == 11 and all(r.num_decode_tokens == 16 for r in decodes)
+    assert 16 * 261 > CPU_DECODE_GROUP_TOKENS
+    assert llm.llm_engine.model_runner.compiled_decode.num_steps == len(decodes)
+
+
+def test_steps_that_are_mostly_padding_run_eagerly(compiled_llm) -> None:
+    from types import SimpleNamespace
+
+    compiled = compiled_llm.llm_engine.model_runner.compiled_decode
+
+    def step(*contexts: int):
+        return SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=1, sample=True, start=n - 1) for n in contexts])
+
+    assert compiled.can_run(step(100, 60, 90))  # 300 padded positions for 250 real ones
+    assert not compiled.can_run(step(100, 10, 10, 10))  # 400 for 130: the eager groups waste less
+    assert not compiled.can_run(step(1 << 17, 1 << 17, 1 << 17))  # over max_context_tokens
+
+
 def test_a_failed_compile_warns_and_runs_eagerly(hf_model_dir, eager_llm) -> None:
     def broken(fn):
         def call(*args, **kwargs):

@@ -13,8 +13,12 @@ one graph serves every L and another every B >= 2 (B == 1 has its own: no paddin
 are compiled once, when the engine starts (``warmup``), on slots of a block the scheduler has not handed
 out yet (every slot is written before it is read, so the scribble is harmless). Steps the graph does
 not cover run the reference path unchanged: a prefill or a prompt chunk in the step, a row that samples
-nothing, a step whose padded context exceeds ``max_context_tokens`` (where the eager path splits decodes
-into length-sorted groups), and models with a sliding window.
+nothing, a step whose padded context exceeds ``max_context_tokens``, and models with a sliding window.
+
+Big batches gain the most. Decode attention in the graph reads each row's K/V from the paged cache
+where it lies (``DecodeTensors.attend``), once; the eager path copies each row's context out of the
+cache and attention reads the copy, moving the KV bytes about three times. A batch-64 step with ~290
+tokens of context spends ~40 % of its eager time there (``benchmarks/RESULTS.md`` §2).
 
 fp32 only: in bf16 the fused kernels round once where eager PyTorch rounds after every op, and on a
 random-weight 100M model greedy tokens left the eager engine's within 1-6 tokens (inductor's
@@ -36,8 +40,17 @@ from typing import Any
 import torch
 
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
-from minengine.models.attention import CPU_DECODE_GROUP_TOKENS, KVCache
+from minengine.models.attention import KVCache
 from minengine.models.paged_decode import DecodeTensors
+
+# Padded context tokens (rows x longest context) one compiled step takes. Attention reads K/V in place, so
+# what grows with it is only the fp32 scores, B x L x H_q (34 MB at 32 query heads); bigger steps run eagerly.
+MAX_CONTEXT_TOKENS = 1 << 18
+# Padding still costs the graph's attention its arithmetic (every row is padded to the longest), where the
+# eager path sorts rows into groups of similar length; past this many padded positions per real one, a
+# step runs eagerly. Measured at batch 64 (llama-100m, 2 cores): ~0.15 us per padded position and layer
+# compiled, ~0.25-0.7 us per real one eager.
+MAX_PADDING = 2.0
 
 
 def _decode_step(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -51,7 +64,7 @@ class CompiledDecode:
     """Compiled decode steps for ``ModelRunner``: ``can_run`` a step, ``prepare`` its tensors, ``forward``."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], block_size: int, *,
-                 max_context_tokens: int = CPU_DECODE_GROUP_TOKENS,
+                 max_context_tokens: int = MAX_CONTEXT_TOKENS,
                  compile_fn: Callable[..., Any] | None = None) -> None:
         windows = getattr(getattr(model, "model", None), "sliding_windows", {None})
         if windows != {None}:
@@ -73,16 +86,19 @@ class CompiledDecode:
         self.compile_seconds = 0.0
 
     def can_run(self, output: SchedulerOutput) -> bool:
-        """True for a step of single-token rows that all sample, whose padded context fits one call."""
+        """True for a step of single-token rows that all sample, whose padded context fits one call and
+        is not mostly padding."""
         scheduled = output.scheduled
         if self.disabled is not None or not scheduled:
             return False
-        longest = 0
+        longest = total = 0
         for s in scheduled:
             if s.num_tokens != 1 or not s.sample:
                 return False
             longest = max(longest, s.start + 1)
-        return len(scheduled) * longest <= self.max_context_tokens
+            total += s.start + 1
+        padded = len(scheduled) * longest
+        return padded <= self.max_context_tokens and padded <= MAX_PADDING * total
 
     def prepare(self, output: SchedulerOutput) -> tuple[list[ScheduledRequest], tuple[Any, ...]]:
         """The step's rows as tensors: (input_ids, positions, DecodeTensors)."""
@@ -106,7 +122,7 @@ class CompiledDecode:
         context = torch.tensor(padded, dtype=torch.long)[:, pos // bs] * bs + pos % bs  # [B, L]
         mask = None
         if len(lens) > 1:  # rows shorter than L see only their own keys
-            mask = (pos < torch.tensor(lens).unsqueeze(1)).view(len(lens), 1, 1, length)
+            mask = pos < torch.tensor(lens).unsqueeze(1)
         meta = DecodeTensors(torch.tensor(slots, dtype=torch.long), context, mask)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta
 
@@ -144,7 +160,7 @@ def _mark_dynamic(input_ids: torch.Tensor, positions: torch.Tensor, meta: Decode
     mark = torch._dynamo.maybe_mark_dynamic
     mark(meta.context_slots, 1)
     if meta.mask is not None:
-        mark(meta.mask, 3)
+        mark(meta.mask, 1)
     if input_ids.shape[0] > 1:
         for t in (input_ids, positions, meta.slot_mapping, meta.context_slots, meta.mask):
             if t is not None:

@@ -220,7 +220,7 @@ class DecodeTensors(NamedTuple):
 
         slot_mapping   [B]     int64  where each row's new K/V goes (flat cache slot)
         context_slots  [B, L]  int64  each row's context slots, the new token's included, padded with slot 0
-        mask           [B, 1, 1, L] bool, True where a key is real; None when no row is padded (B == 1)
+        mask           [B, L]  bool   True where a key is real; None when no row is padded (B == 1)
 
     Full attention only (no sliding window): the compiled path is not offered to windowed models.
     """
@@ -234,18 +234,28 @@ class DecodeTensors(NamedTuple):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                scale: float) -> torch.Tensor:
-        """Write the new K/V, gather each row's context, attend: q [B, H_q, D] -> [B, H_q, D].
+        """Write the new K/V, then attend over each row's context where it lies: q [B, H_q, D] -> [B, H_q, D].
 
-        The same three steps as the reference path's decode group (``attention._decode``), on tensors."""
+        Written as products and sums rather than a gather and SDPA on purpose. Compiled, inductor fuses
+        the cache lookups into the loops that use them, so each K and V row is read once, from the cache
+        (a gather would copy the context out and SDPA read the copy: three passes over the KV bytes).
+        Padding points at slot 0, so its reads hit the same cache line. Run eagerly, this form would
+        materialize [B, L, H_q, D] products: it is for the compiled graph only.
+        """
         k_cache, v_cache = kv_cache
         n_kv, d = k_cache.shape[2], k_cache.shape[3]
         k_flat, v_flat = k_cache.view(-1, n_kv, d), v_cache.view(-1, n_kv, d)
         k_flat.index_copy_(0, self.slot_mapping, k.to(k_flat.dtype))
         v_flat.index_copy_(0, self.slot_mapping, v.to(v_flat.dtype))
         b, length = self.context_slots.shape
-        slots = self.context_slots.reshape(-1)
-        keys = k_flat.index_select(0, slots).view(b, length, n_kv, d).transpose(1, 2).to(q.dtype)
-        values = v_flat.index_select(0, slots).view(b, length, n_kv, d).transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.mask, scale=scale,
-                                             enable_gqa=keys.shape[1] != q.shape[1])
-        return out.squeeze(2)
+        group = q.shape[1] // n_kv  # query heads per KV head (GQA)
+        queries = q.view(b, 1, n_kv, group, d)
+        keys = k_flat[self.context_slots].unsqueeze(3)  # [B, L, H_kv, 1, D]
+        scores = (queries * keys).sum(-1) * scale  # [B, L, H_kv, group]
+        if self.mask is not None:
+            scores = scores.masked_fill(~self.mask.view(b, length, 1, 1), float("-inf"))
+        # softmax along the innermost axis: inductor then parallelizes over rows, not within one row
+        probs = torch.softmax(scores.permute(0, 2, 3, 1).contiguous(), dim=-1).permute(0, 3, 1, 2)
+        values = v_flat[self.context_slots].unsqueeze(3)  # [B, L, H_kv, 1, D]
+        out = (probs.unsqueeze(-1) * values).sum(1)  # [B, H_kv, group, D]
+        return out.reshape(b, n_kv * group, d).to(q.dtype)
