@@ -8,9 +8,9 @@ middle of a step. vLLM moves its start-up heap into CPython's permanent generati
 (``freeze_gc_heap`` in ``vllm/utils/gc_utils.py``); ``minengine serve`` does the same.
 
 The lessons run the client and the engine in one process, so the notebook's own records (thousands of
-requests from earlier experiments) would lengthen the engine's pauses beyond a real server's: measured
-in lesson 03, a full pass over a late notebook's heap (~580k objects) took 160 ms on a 2-core Xeon,
-longer than 20 chat requests. ``gc_heap_frozen`` keeps that heap out of the walks for one run.
+requests from earlier experiments) would lengthen the engine's pauses beyond a real server's: in lesson
+03 on a 2-core Xeon, a full pass over the notebook's heap (460-580k objects) took 146-165 ms, as long as
+seven whole chat requests. ``gc_heap_frozen`` keeps that heap out of the walks for one run.
 """
 
 from __future__ import annotations
