@@ -74,3 +74,18 @@ def test_run_requests_measures_with_the_heap_frozen() -> None:
     assert run.requests[0].num_output_tokens == 3
     assert seen and min(seen) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_llm_generate_runs_its_steps_with_the_callers_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = lu.shipped_llm()
+    engine, seen = llm.llm_engine, []
+    step = engine.step
+
+    def watched_step():
+        seen.append(gc.get_freeze_count())
+        return step()
+
+    monkeypatch.setattr(engine, "step", watched_step)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0

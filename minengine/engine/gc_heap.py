@@ -10,7 +10,8 @@ middle of a step. vLLM moves its start-up heap into CPython's permanent generati
 The lessons run the client and the engine in one process, so the notebook's own records (thousands of
 requests from earlier experiments) would lengthen the engine's pauses beyond a real server's: in lesson
 03 on a 2-core Xeon, a full pass over the notebook's heap (460-580k objects) took 146-165 ms, as long as
-seven whole chat requests. ``gc_heap_frozen`` keeps that heap out of the walks for one run.
+seven whole chat requests. ``gc_heap_frozen`` keeps that heap out of the walks for one run: the
+lessons' load generator (``lu.run_requests``) and ``LLM.generate`` run their steps inside it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from minengine.config import EngineConfig
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import RequestOutputKind, SamplingParams
+from minengine.engine.gc_heap import gc_heap_frozen
 from minengine.engine.llm_engine import LLMEngine, PromptType
 from minengine.engine.outputs import RequestOutput
 
@@ -78,17 +79,19 @@ class LLM:
         bar = tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         num_in = num_out = 0
         try:
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished and out.request_id in index:
-                        results[index[out.request_id]] = out
-                        num_in += len(out.prompt_token_ids)
-                        num_out += len(out.outputs[0].token_ids)
-                        bar.update(1)
-                        elapsed = bar.format_dict["elapsed"] or 1e-9
-                        bar.set_postfix_str(
-                            f"input {num_in / elapsed:.0f} tok/s, output {num_out / elapsed:.0f} tok/s"
-                        )
+            # the caller's heap (a notebook's earlier results) stays out of GC walks while the steps run
+            with gc_heap_frozen():
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished and out.request_id in index:
+                            results[index[out.request_id]] = out
+                            num_in += len(out.prompt_token_ids)
+                            num_out += len(out.outputs[0].token_ids)
+                            bar.update(1)
+                            elapsed = bar.format_dict["elapsed"] or 1e-9
+                            bar.set_postfix_str(
+                                f"input {num_in / elapsed:.0f} tok/s, output {num_out / elapsed:.0f} tok/s"
+                            )
         except BaseException:
             engine.abort_request([r.request_id for r in requests])  # e.g. Ctrl-C in a notebook
             raise
