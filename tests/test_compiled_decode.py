@@ -107,8 +107,9 @@ def _reference_attention(q, k_cache, v_cache, tables: list[list[int]], lens: lis
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_decode_attention_reads_the_paged_cache_in_place(compiled: bool) -> None:
+@pytest.mark.parametrize(("compiled", "buffered"), [(False, False), (True, False), (True, True)],
+                         ids=["eager", "compiled", "compiled-query-buffer"])
+def test_decode_attention_reads_the_paged_cache_in_place(compiled: bool, buffered: bool) -> None:
     """DecodeTensors.attend against gather + SDPA: GQA, rows of different lengths, scattered blocks."""
     from minengine.models.paged_decode import DecodeTensors
 
@@ -121,7 +122,8 @@ def test_decode_attention_reads_the_paged_cache_in_place(compiled: bool) -> None
     length = max(lens)
     context = torch.tensor([[t[p // bs] * bs + p % bs if p < n else 0 for p in range(length)]
                             for t, n in zip(tables, lens, strict=True)])
-    meta = DecodeTensors(torch.tensor(new_slots), context, torch.arange(length) < torch.tensor(lens)[:, None])
+    meta = DecodeTensors(torch.tensor(new_slots), context, torch.arange(length) < torch.tensor(lens)[:, None],
+                         torch.empty_like(q) if buffered else None)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     expected_k.flatten(0, 1)[new_slots], expected_v.flatten(0, 1)[new_slots] = k, v
     expected = _reference_attention(q, expected_k, expected_v, tables, lens, d ** -0.5)

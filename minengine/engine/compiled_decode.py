@@ -123,7 +123,9 @@ class CompiledDecode:
         mask = None
         if len(lens) > 1:  # rows shorter than L see only their own keys
             mask = pos < torch.tensor(lens).unsqueeze(1)
-        meta = DecodeTensors(torch.tensor(slots, dtype=torch.long), context, mask)
+        cfg = self.model.config
+        queries = torch.empty(len(lens), cfg.num_attention_heads, cfg.head_dim)
+        meta = DecodeTensors(torch.tensor(slots, dtype=torch.long), context, mask, queries)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta
 
     @torch.inference_mode()
@@ -162,6 +164,6 @@ def _mark_dynamic(input_ids: torch.Tensor, positions: torch.Tensor, meta: Decode
     if meta.mask is not None:
         mark(meta.mask, 1)
     if input_ids.shape[0] > 1:
-        for t in (input_ids, positions, meta.slot_mapping, meta.context_slots, meta.mask):
+        for t in (input_ids, positions, meta.slot_mapping, meta.context_slots, meta.mask, meta.query_buffer):
             if t is not None:
                 mark(t, 0)

@@ -221,6 +221,7 @@ class DecodeTensors(NamedTuple):
         slot_mapping   [B]     int64  where each row's new K/V goes (flat cache slot)
         context_slots  [B, L]  int64  each row's context slots, the new token's included, padded with slot 0
         mask           [B, L]  bool   True where a key is real; None when no row is padded (B == 1)
+        query_buffer   [B, H_q, D]    scratch the rotated queries are written to once (optional)
 
     Full attention only (no sliding window): the compiled path is not offered to windowed models.
     """
@@ -228,6 +229,7 @@ class DecodeTensors(NamedTuple):
     slot_mapping: torch.Tensor
     context_slots: torch.Tensor
     mask: torch.Tensor | None
+    query_buffer: torch.Tensor | None = None  # [B, H_q, D] scratch: see attend
 
     def prepare(self, device: torch.device, sliding_windows: Any = ()) -> None:
         """Nothing to build: the runner made the tensors (the model calls this on any metadata)."""
@@ -249,6 +251,9 @@ class DecodeTensors(NamedTuple):
         v_flat.index_copy_(0, self.slot_mapping, v.to(v_flat.dtype))
         b, length = self.context_slots.shape
         group = q.shape[1] // n_kv  # query heads per KV head (GQA)
+        if self.query_buffer is not None:  # written out once, else inductor recomputes RoPE for every key
+            self.query_buffer.copy_(q)
+            q = self.query_buffer
         queries = q.view(b, 1, n_kv, group, d)
         keys = k_flat[self.context_slots].unsqueeze(3)  # [B, L, H_kv, 1, D]
         scores = (queries * keys).sum(-1) * scale  # [B, L, H_kv, group]
