@@ -164,3 +164,21 @@ def test_with_tree_runs_a_script_against_another_checkout(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"IMPORTED {tmp_path}" in out.stdout and "['x']" in out.stdout
+
+
+def test_read_aware_floor_adds_the_reads_to_the_compute_floor() -> None:
+    """With unlimited bandwidth it is the compute floor exactly; with a real one, small batches cost more."""
+    from types import SimpleNamespace
+
+    from benchmarks import throughput
+
+    config = SimpleNamespace(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=100, tie_word_embeddings=True)
+    work = throughput.make_workload(5, (4, 20), (2, 9), 100)
+    peak = 1e9
+    compute = throughput.workload_flops(config, work) / peak
+    assert throughput.read_aware_floor(config, work, peak, float("inf")) == pytest.approx(compute)
+    slow = throughput.read_aware_floor(config, work, peak, 1e6)
+    steps = max(o for _, o in work) - 1
+    weights = 4 * (2 * (64 * (64 + 64) + 64 * 64 + 3 * 64 * 128) + 64 * 100)
+    assert slow > compute + steps * weights / 1e6 * 0.99  # every decode step reads every weight at least
