@@ -88,18 +88,24 @@ def _record(i: int, prompt: list[int], t0: float, token_times: list[float]) -> R
                          num_output_tokens=len(token_times), finish_reason="length")
 
 
+def _per_token_shape(config: Any) -> tuple[int, int, int, int]:
+    """(weights each token multiplies through, query width, KV width, LM-head weights) of a Llama config."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size)
+    return linear, q, kv, h * config.vocab_size
+
+
 def workload_flops(config: Any, w: Workload) -> float:
     """FLOPs the workload needs at the least: projections + MLP per computed token, causal attention per
     (query, key) pair, the LM head per output token. The last output token is sampled, never computed."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)  # weights each token multiplies through
-    attention_per_pair = layers * 4 * q  # QK^T and PV, every head
+    linear, q, _, head = _per_token_shape(config)
+    attention_per_pair = config.num_hidden_layers * 4 * q  # QK^T and PV, every head
     total = 0.0
     for prompt, out in w:
         n = len(prompt) + out - 1  # tokens computed
-        total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * h * config.vocab_size * out
+        total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * head * out
     return total
 
 
@@ -111,11 +117,8 @@ def read_aware_floor(config: Any, w: Workload, peak_flops: float, read_bytes_per
 
     Small decode batches are bound by the weights' read, which the compute floor leaves out; no engine
     can beat this either (it even assumes every prompt is done before the first decode step)."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
-    head = h * config.vocab_size
+    linear, q, kv, head = _per_token_shape(config)
+    layers = config.num_hidden_layers
     weight_bytes = dtype_bytes * (linear + head * (1 if getattr(config, "tie_word_embeddings", False) else 2))
     kv_bytes_per_token = dtype_bytes * 2 * layers * kv
     prompts = sum(2 * linear * len(p) + layers * 4 * q * len(p) * (len(p) + 1) / 2 + 2 * head for p, _ in w)
@@ -171,12 +174,11 @@ def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, args: a
     llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         num_blocks=args.kv_tokens // 16, compile_decode=compiled)
-
-    compiled = llm.llm_engine.model_runner.compiled_decode
+    graph = llm.llm_engine.model_runner.compiled_decode  # None unless compiled
 
     def run(w: Workload) -> Result:
         params = [minengine.SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in w]
-        start, compiled_before = time.perf_counter(), compiled.num_steps if compiled else 0
+        start, compiled_before = time.perf_counter(), graph.num_steps if graph else 0
         outs = llm.generate([p for p, _ in w], params, use_tqdm=False)
         steps = [s for s in llm.step_records if s.start >= start]
         decode = [s for s in steps if s.num_prefill_tokens == 0]
@@ -184,7 +186,7 @@ def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, args: a
             "decode_steps": len(decode), "decode_s": sum(s.duration for s in decode),
             "prefill_steps": len(steps) - len(decode),
             "prefill_s": sum(s.duration for s in steps) - sum(s.duration for s in decode),
-            "compiled_steps": compiled.num_steps - compiled_before if compiled else 0,
+            "compiled_steps": graph.num_steps - compiled_before if graph else 0,
         }
         return list(llm.request_records), [list(o.outputs[0].token_ids) for o in outs]
 
