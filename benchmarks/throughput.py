@@ -27,7 +27,8 @@ requests. Every engine's outputs are checked against ``hf-sequential``'s (same g
 
 Compute floor: the workload's FLOPs (every computed token through the projections and the MLP, causal
 attention's QK^T and PV over its context, the LM head once per output token) divided by the fp32
-matmul peak measured in the same run, before each round (a 1024^3 ``torch.mm``). No engine can run the
+matmul peak measured in the same run, before each round (a 1024^3 product, the better of ``torch.mm``
+and oneDNN: ``best_matmul_flops``). No engine can run the
 workload faster; ``wall / floor`` says how far from what the hardware allows each one is (issue 13's goal
 for minengine on ``llama-100m``: <= 1.4x). Memory per engine: the resident memory its setup added (its
 model copy and KV cache as far as touched; HF engines share one model, counted once for each) and the
@@ -53,6 +54,7 @@ from tqdm.auto import tqdm
 import minengine
 from minengine.core.records import RequestRecord
 from minengine.metrics.stats import summarize
+from minengine.models import linear_kernels
 from minengine.perf.measure import measure_matmul_flops, measure_read_bandwidth
 
 try:
@@ -64,15 +66,22 @@ except ImportError:  # run as a script: python benchmarks/throughput.py
 
 Workload = list[tuple[list[int], int]]  # (prompt token ids, output length)
 Result = tuple[list[RequestRecord], list[list[int]]]  # per request: record, generated ids
-MINENGINE = {  # name: (policy, chunked prefill, compile_decode)
-    "minengine-decode-first": ("decode_first", True, False),
-    "minengine-decode-first-nochunk": ("decode_first", False, False),
-    "minengine-prefill-first": ("prefill_first", True, False),
-    "minengine-prefill-first-nochunk": ("prefill_first", False, False),
-    "minengine-decode-first-compiled": ("decode_first", True, True),  # fp32 CPU only; not in the default run
+# name: (policy, chunked prefill, compile_decode, attention_backend, linear_kernel); None = the engine's
+# default (on a CPU in fp32: the C++ decode-attention kernel; Linear kernels timed at start-up);
+# "gather" = the reference attention (context copied, SDPA), "torch" = F.linear everywhere
+MINENGINE = {
+    "minengine-decode-first": ("decode_first", True, False, None, None),
+    "minengine-decode-first-nochunk": ("decode_first", False, False, None, None),
+    "minengine-prefill-first": ("prefill_first", True, False, None, None),
+    "minengine-prefill-first-nochunk": ("prefill_first", False, False, None, None),
+    "minengine-decode-first-compiled": ("decode_first", True, True, None, None),  # fp32 CPU only
+    "minengine-decode-first-gather": ("decode_first", True, False, "gather", None),
+    "minengine-decode-first-reference": ("decode_first", True, False, "gather", "torch"),  # before issue 13's kernels
 }
 ENGINES = [*MINENGINE, "hf-sequential", "hf-static", "hf-cb"]
-DEFAULT_ENGINES = [e for e in ENGINES if e != "minengine-decode-first-compiled"]
+OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-gather",
+          "minengine-decode-first-reference")  # not in the default run
+DEFAULT_ENGINES = [e for e in ENGINES if e not in OPT_IN]
 
 
 def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
@@ -107,6 +116,23 @@ def workload_flops(config: Any, w: Workload) -> float:
         n = len(prompt) + out - 1  # tokens computed
         total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * head * out
     return total
+
+
+def best_matmul_flops() -> float:
+    """The fp32 matmul peak: the better of torch's ``a @ b`` (MKL) and oneDNN's on the same 1024^3
+    product. The floor is a bound on any engine, so it takes the fastest kernel this machine has (on an
+    AMD EPYC, 2026-12-01, oneDNN's reached ~195 GFLOP/s where MKL's reached ~140)."""
+    best = measure_matmul_flops("cpu")
+    if linear_kernels.onednn_available():
+        n = 1024
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            linear_kernels.onednn_linear(a, b, None)
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * n**3 / common.median(times[1:]))
+    return best
 
 
 def read_aware_floor(config: Any, w: Workload, peak_flops: float, read_bytes_per_s: float,
@@ -168,12 +194,13 @@ class PeakRSS:
 
 
 # --------------------------------------------------------------------------------------------- runs
-def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, args: argparse.Namespace
-                  ) -> Callable[[Workload], Result]:
+def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend: str | None,
+                  linear_kernel: str | None, args: argparse.Namespace) -> Callable[[Workload], Result]:
     budget = args.chunk if chunked else args.max_model_len
     llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        num_blocks=args.kv_tokens // 16, compile_decode=compiled)
+                        num_blocks=args.kv_tokens // 16, compile_decode=compiled, attention_backend=backend,
+                        linear_kernel=linear_kernel)
     graph = llm.llm_engine.model_runner.compiled_decode  # None unless compiled
 
     def run(w: Workload) -> Result:
@@ -327,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for run in runners.values():
             run(warm)
         for r in range(args.rounds):  # odd rounds in reverse order, so no engine always runs last
-            peak_flops = measure_matmul_flops("cpu")  # this round's floor: the matmul peak right now
+            peak_flops = best_matmul_flops()  # this round's floor: the machine's matmul peak right now
             read_floor = read_aware_floor(hf.config, work, peak_flops, measure_read_bandwidth("cpu"))
             for name in list(runners)[:: 1 if r % 2 == 0 else -1]:
                 bar.set_postfix_str(name)
@@ -381,7 +408,7 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
           f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds")
     any_run = next(iter(results.values()))
     print(f"compute floor: {any_run['workload_flops'] / 1e9:,.1f} GFLOP / {any_run['matmul_flops'] / 1e9:.0f} GFLOP/s "
-          f"(fp32 matmul peak, median of the rounds' measurements) = {any_run['floor_s']:.1f} s; with the "
+          f"(fp32 matmul peak: the better of MKL and oneDNN, median of the rounds) = {any_run['floor_s']:.1f} s; with the "
           f"weights' and K/V's read per decode step (`read_aware_floor`): {any_run['read_floor_s']:.1f} s\n")
     base = {k: results[k]["output_tok_s"] for k in ("hf-sequential", "hf-cb") if k in results}
     rows = []

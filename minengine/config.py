@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 POLICY_NAMES = ("decode_first", "prefill_first")
-ATTENTION_BACKENDS = ("gather", "flex")  # see minengine.models.attention / paged_decode
+LINEAR_KERNELS = ("torch", "onednn")  # see minengine.models.linear_kernels
+ATTENTION_BACKENDS = ("gather", "flex", "cpp")  # see minengine.models.attention / paged_decode / cpu_kernels
 # CPU/MPS have no "free memory" query worth trusting, so the KV cache gets a fixed budget there (it is
 # also capped at what max_num_seqs sequences of max_model_len tokens could ever use).
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -52,11 +53,16 @@ class EngineConfig:
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
     # The fast path (minengine.engine.fast_path): None = on for CUDA, off elsewhere (the reference path).
     enforce_eager: bool | None = None  # True: no CUDA graphs (vLLM's name); None: graphs on CUDA with flex only
-    attention_backend: str | None = None  # "gather" (reference) | "flex" (paged in place); None: by device
+    # Decode attention: "gather" (the reference: copy the context out, SDPA) | "flex" (in place, GPU) |
+    # "cpp" (in place, the CPU's C++ kernel). None: flex on CUDA, cpp on a CPU for fp32 when it builds.
+    attention_backend: str | None = None
     cudagraph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,... max_num_seqs
     # CPU only: run all-decode steps as one torch.compile'd graph (engine/compiled_decode.py). Off by
     # default: compiling takes tens of seconds at start-up and needs a C++ compiler.
     compile_decode: bool = False
+    # CPU fp32 only: the library behind every Linear layer, "torch" (F.linear: MKL) | "onednn"; None: timed
+    # when the engine starts, oneDNN where it is clearly faster (minengine.models.linear_kernels)
+    linear_kernel: str | None = None
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -77,6 +83,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.compile_decode, bool):
             raise ValueError(f"compile_decode must be True or False, got {self.compile_decode!r}")
+        if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
+            raise ValueError(f"unknown linear_kernel {self.linear_kernel!r}: use one of "
+                             f"{', '.join(LINEAR_KERNELS)} (or None to time both when the engine starts)")
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True, False or None, got {self.enforce_eager!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:

@@ -153,14 +153,35 @@ def test_big_batches_run_compiled_too(hf_model_dir) -> None:
 def test_steps_that_are_mostly_padding_run_eagerly(compiled_llm) -> None:
     from types import SimpleNamespace
 
-    compiled = compiled_llm.llm_engine.model_runner.compiled_decode
+    engine = compiled_llm.llm_engine
+    with_kernel = engine.model_runner.compiled_decode
+    # without the C++ kernel the graph's attention pays for every padded position (no compile needed here)
+    without = CompiledDecode(engine.model, engine.kv_cache.kv_caches, engine.kv_cache.block_size,
+                             compile_fn=lambda fn: fn, cpp_attention=False)
 
     def step(*contexts: int):
         return SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=1, sample=True, start=n - 1) for n in contexts])
 
-    assert compiled.can_run(step(100, 60, 90))  # 300 padded positions for 250 real ones
-    assert not compiled.can_run(step(100, 10, 10, 10))  # 400 for 130: the eager groups waste less
-    assert not compiled.can_run(step(1 << 17, 1 << 17, 1 << 17))  # over max_context_tokens
+    assert without.can_run(step(100, 60, 90))  # 300 padded positions for 250 real ones
+    assert not without.can_run(step(100, 10, 10, 10))  # 400 for 130: the eager groups waste less
+    assert not without.can_run(step(1 << 17, 1 << 17, 1 << 17))  # over max_context_tokens
+    # the kernel reads each row's own blocks: nothing is padded, every all-decode step runs compiled
+    assert with_kernel.cpp_attention
+    assert with_kernel.can_run(step(100, 10, 10, 10)) and with_kernel.can_run(step(1 << 17, 1 << 17, 1 << 17))
+    assert not with_kernel.can_run(SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=2, sample=True, start=3)]))
+
+
+def test_the_graph_without_the_kernel_gives_the_same_tokens(hf_model_dir, eager_llm) -> None:
+    """The products-and-sums attention (a machine where the C++ kernel does not build) in the graph."""
+    llm = LLM(hf_model_dir("llama"), **COMMON)
+    engine = llm.llm_engine
+    compiled = CompiledDecode(engine.model, engine.kv_cache.kv_caches, engine.kv_cache.block_size,
+                              cpp_attention=False)
+    compiled.warmup(free_block=0)
+    engine.model_runner.compiled_decode = compiled
+    prompts = _prompts(4)
+    assert _tokens(llm, prompts) == _tokens(eager_llm, prompts)
+    assert compiled.num_steps > 0 and compiled.disabled is None
 
 
 def test_a_failed_compile_warns_and_runs_eagerly(hf_model_dir, eager_llm) -> None:

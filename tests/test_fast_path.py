@@ -2,7 +2,8 @@
 bookkeeping (``EagerReplayBackend`` stands in for CUDA graphs over the same static buffers), the
 in-place paged decode attention (flex_attention run eagerly in fp32, and the static gather) against
 the reference gather path, and whole-engine greedy equivalence with the fast path switched on.
-The CPU default stays the reference path, byte for byte (no scratch block, no graphs).
+On a CPU, ``attention_backend="gather"`` is the reference path, byte for byte (no scratch block, no
+graphs); the CPU's default C++ kernel is tested in ``test_cpu_kernels.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def test_bucket_is_the_next_size_up_or_none() -> None:
 
 
 def test_plan_by_device_and_flags() -> None:
-    cpu = plan_fast_path(EngineConfig(), CPU)
+    cpu = plan_fast_path(EngineConfig(attention_backend="gather"), CPU)
     assert (cpu.attention_backend, cpu.cuda_graphs, cpu.extra_blocks) == ("gather", False, 0)
     gpu = plan_fast_path(EngineConfig(), torch.device("cuda"))  # a device object needs no GPU
     assert (gpu.attention_backend, gpu.cuda_graphs, gpu.extra_blocks) == ("flex", True, 1)
@@ -176,8 +177,8 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
-def test_cpu_default_is_the_reference_path(hf_model_dir, family: str) -> None:
-    llm = LLM(hf_model_dir(family))
+def test_cpu_gather_is_the_reference_path(hf_model_dir, family: str) -> None:
+    llm = LLM(hf_model_dir(family), attention_backend="gather")
     runner, engine = llm.llm_engine.model_runner, llm.llm_engine
     assert runner.graph_runner is None and runner.attention_backend == "gather"
     assert engine.kv_cache.kv_caches[0][0].shape[0] == engine.kv_cache.num_blocks  # no scratch block
@@ -191,7 +192,7 @@ def test_cpu_default_is_the_reference_path(hf_model_dir, family: str) -> None:
 def test_fast_path_gives_the_reference_greedy_tokens(hf_model_dir, family: str, options: dict) -> None:
     prompts = _prompts(5)
     common = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128)  # chunked, mixed steps
-    ref = LLM(hf_model_dir(family), **common).generate(prompts, GREEDY, use_tqdm=False)
+    ref = LLM(hf_model_dir(family), attention_backend="gather", **common).generate(prompts, GREEDY, use_tqdm=False)
     fast_llm = LLM(hf_model_dir(family), cudagraph_capture_sizes=[1, 2, 4], **common, **options)
     fast = fast_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
@@ -227,7 +228,7 @@ def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
     common = dict(max_num_seqs=6, max_num_batched_tokens=64, max_model_len=96, block_size=4, num_blocks=40)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     path = hf_model_dir("qwen3")
-    ref_llm = LLM(path, **common)
+    ref_llm = LLM(path, attention_backend="gather", **common)
     ref = ref_llm.generate(prompts, params, use_tqdm=False)
     fast_llm = LLM(path, enforce_eager=False, attention_backend="flex", cudagraph_capture_sizes=[2, 4, 8],
                    **common)
@@ -237,3 +238,22 @@ def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
     assert engine.num_preemptions > 0 and engine.prefix_cache_stats["hits"] > 0
     assert engine.model_runner.num_graph_steps > 0
     assert engine.kv_cache.kv_caches[0][0].shape[0] == 41  # the scheduler's 40 blocks + the scratch block
+
+
+@pytest.mark.parametrize("backend", ["flex", "cpp"])
+def test_decode_rows_are_packed_rows_not_sequence_indices(backend: str) -> None:
+    """A running request's prompt chunk can come before a decode in a step: the decodes' rows in the
+    packed batch are then not their sequence indices (a 32-request chunked run caught this)."""
+    from types import SimpleNamespace
+
+    from minengine.engine.model_runner import ModelRunner
+
+    bs = 4
+    meta = AttentionMetadata.build([5, 1, 3, 1], [9, 6, 3, 2], [[0, 1, 2], [3, 4], [5], [6]], bs)
+    cache = torch.zeros(8, bs, 2, 8)
+    runner = SimpleNamespace(pad_block=None, attention_backend=backend, max_blocks_per_seq=4, device=CPU,
+                             kv_cache=SimpleNamespace(kv_caches=[(cache, cache)]))
+    ModelRunner._attach_decode_batch(runner, meta)
+    assert meta.decode_batch is not None
+    assert meta.decode_batch.rows.tolist() == [5, 9]  # after the 5-token chunk and the 3-token prompt
+    assert meta.decode_batch.seq_lens[:2].tolist() == [6, 2]

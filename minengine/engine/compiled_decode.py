@@ -65,7 +65,7 @@ class CompiledDecode:
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], block_size: int, *,
                  max_context_tokens: int = MAX_CONTEXT_TOKENS,
-                 compile_fn: Callable[..., Any] | None = None) -> None:
+                 compile_fn: Callable[..., Any] | None = None, cpp_attention: bool | None = None) -> None:
         windows = getattr(getattr(model, "model", None), "sliding_windows", {None})
         if windows != {None}:
             raise ValueError("compile_decode supports full-attention models only (this one has a sliding window)")
@@ -81,6 +81,13 @@ class CompiledDecode:
         self.max_context_tokens = max_context_tokens
         compile_fn = compile_fn or (lambda fn: torch.compile(fn, options={"cpp_wrapper": True}))
         self._fn = compile_fn(_decode_step)
+        # Attention inside the graph: the C++ kernel when it builds (no padding cost: each row reads its
+        # own blocks), else the products-and-sums form below, which pays for every padded position.
+        if cpp_attention is None:
+            from minengine.models import cpu_kernels as kernel
+
+            cpp_attention = kernel.load()
+        self.cpp_attention = cpp_attention
         self.disabled: str | None = None  # why the compiled path was given up, if it was
         self.num_steps = 0  # steps served by the compiled graph
         self.compile_seconds = 0.0
@@ -97,6 +104,8 @@ class CompiledDecode:
                 return False
             longest = max(longest, s.start + 1)
             total += s.start + 1
+        if self.cpp_attention:
+            return True
         padded = len(scheduled) * longest
         return padded <= self.max_context_tokens and padded <= MAX_PADDING * total
 
@@ -118,15 +127,21 @@ class CompiledDecode:
         bs, length = self.block_size, max(lens)
         num_blocks = -(-length // bs)
         padded = [(t + [0] * num_blocks)[:num_blocks] for t in tables]
+        cfg = self.model.config
+        ids_t, positions_t = torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+        if self.cpp_attention:
+            meta = DecodeTensors(torch.tensor(slots, dtype=torch.long), None, None,
+                                 block_tables=torch.tensor(padded, dtype=torch.int32),
+                                 seq_lens=torch.tensor(lens, dtype=torch.long))
+            return ids_t, positions_t, meta
         pos = torch.arange(length)
         context = torch.tensor(padded, dtype=torch.long)[:, pos // bs] * bs + pos % bs  # [B, L]
         mask = None
         if len(lens) > 1:  # rows shorter than L see only their own keys
             mask = pos < torch.tensor(lens).unsqueeze(1)
-        cfg = self.model.config
         queries = torch.empty(len(lens), cfg.num_attention_heads, cfg.head_dim)
         meta = DecodeTensors(torch.tensor(slots, dtype=torch.long), context, mask, queries)
-        return torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta
+        return ids_t, positions_t, meta
 
     @torch.inference_mode()
     def forward(self, args: tuple[Any, ...]) -> torch.Tensor:
@@ -160,10 +175,11 @@ class CompiledDecode:
 def _mark_dynamic(input_ids: torch.Tensor, positions: torch.Tensor, meta: DecodeTensors) -> None:
     """Tell dynamo B (rows) and L (keys) vary, so a new length reuses the graph instead of recompiling."""
     mark = torch._dynamo.maybe_mark_dynamic
-    mark(meta.context_slots, 1)
-    if meta.mask is not None:
-        mark(meta.mask, 1)
+    for t in (meta.context_slots, meta.mask, meta.block_tables):
+        if t is not None:
+            mark(t, 1)
     if input_ids.shape[0] > 1:
-        for t in (input_ids, positions, meta.slot_mapping, meta.context_slots, meta.mask, meta.query_buffer):
+        for t in (input_ids, positions, meta.slot_mapping, meta.context_slots, meta.mask, meta.query_buffer,
+                  meta.block_tables, meta.seq_lens):
             if t is not None:
                 mark(t, 0)

@@ -261,17 +261,40 @@ class FastPathPlan:
 
     @property
     def extra_blocks(self) -> int:
-        """KV blocks allocated beyond the scheduler's: the scratch block padding rows write to."""
-        return 1 if self.enabled else 0
+        """KV blocks allocated beyond the scheduler's: the scratch block padding rows write to (the C++
+        kernel pads nothing)."""
+        return 1 if self.enabled and self.attention_backend != "cpp" else 0
 
 
-def plan_fast_path(config: EngineConfig, device: torch.device) -> FastPathPlan:
-    """None fields by device: CUDA gets flex attention and graphs; everything else the reference path.
-    Graphs are on by default only with flex: the static gather reads every row's longest allowed context."""
+def plan_fast_path(config: EngineConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FastPathPlan:
+    """None fields by device: CUDA gets flex attention and graphs; a CPU with fp32 weights the C++ decode
+    kernel when it builds (``models/cpu_kernels.py``), else the reference path. Graphs are on by
+    default only with flex: the static gather reads every row's longest allowed context."""
     cuda = device.type == "cuda"
-    backend = config.attention_backend or ("flex" if cuda else "gather")
+    backend = config.attention_backend
+    if backend is None:
+        graphs_asked = config.enforce_eager is False  # on a CPU: the eager-replay test of the graph path
+        backend = "flex" if cuda else ("cpp" if not graphs_asked and _cpp_kernel_usable(device, dtype) else "gather")
+    elif backend == "cpp":
+        if device.type != "cpu" or dtype != torch.float32:
+            raise ValueError(f"attention_backend='cpp' is the CPU's fp32 kernel; this engine runs {dtype} on "
+                             f"{device.type} (use 'flex' or 'gather', or None to pick by device)")
+        if not _cpp_kernel_usable(device, dtype):
+            from minengine.models import cpu_kernels
+
+            raise ValueError(f"attention_backend='cpp': the kernel could not be built ({cpu_kernels.build_error()})")
     eager = config.enforce_eager if config.enforce_eager is not None else not (cuda and backend == "flex")
+    if backend == "cpp" and not eager:
+        raise ValueError("attention_backend='cpp' runs without graphs: leave enforce_eager unset or True")
     return FastPathPlan(backend, not eager)
+
+
+def _cpp_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    from minengine.models import cpu_kernels
+
+    return cpu_kernels.load()
 
 
 def make_model_runner(
@@ -315,6 +338,8 @@ def _make_runner(
     pad_block = int(kv_cache.kv_caches[0][0].shape[0]) - 1
     width = -(-config.max_model_len // kv_cache.block_size)
     graphs = None
+    if plan.attention_backend == "cpp":  # no padding rows, no graphs: only the kernel's block tables
+        return ModelRunner(model, kv_cache, device, sampler, attention_backend="cpp")
     if plan.cuda_graphs:
         if graph_backend is None:
             graph_backend = CudaGraphBackend(device) if device.type == "cuda" else EagerReplayBackend()

@@ -31,6 +31,7 @@ from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
 from minengine.engine.model_runner import ModelRunner
 from minengine.engine.outputs import CompletionOutput, RequestOutput
 from minengine.engine.sampler import Sampler
+from minengine.models import linear_kernels
 from minengine.models.errors import ModelNotFoundError
 from minengine.models.loader import load_model, load_tokenizer
 
@@ -71,8 +72,9 @@ class LLMEngine:
             self.model_config, getattr(model, "model_path", None), self.tokenizer
         )
 
+        self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel)
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
-        plan = plan_fast_path(self.config, self.device)  # the reference path on CPU unless asked
+        plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
         self.kv_cache = PagedKVCache.allocate(
             self.model_config, num_blocks + plan.extra_blocks, self.config.block_size, self.dtype, self.device
         )
@@ -274,3 +276,16 @@ def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+def _pick_linear_kernel(model: torch.nn.Module, asked: str | None) -> linear_kernels.KernelChoice:
+    """The Linear layers' kernels on a CPU in fp32 (``models/linear_kernels.py``): as asked, or timed."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        if asked == "onednn":
+            raise ValueError(f"linear_kernel='onednn' is for fp32 on a CPU; this model is {model.dtype} on "
+                             f"{model.device.type}")
+        return linear_kernels.KernelChoice("torch", "torch", f"{model.dtype} on {model.device.type}", {})
+    choice = (linear_kernels.choose(model) if asked is None
+              else linear_kernels.KernelChoice(asked, asked, "asked for", {}))
+    linear_kernels.apply(model, choice.one_row, choice.many_rows)
+    return choice

@@ -64,7 +64,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.sampler = sampler
-        self.attention_backend = attention_backend  # "gather": reference; "flex": decodes in place
+        self.attention_backend = attention_backend  # "gather": reference; "flex", "cpp": decodes in place
         self.graph_runner = graph_runner  # None: no CUDA graphs (enforce_eager)
         self.pad_block = pad_block  # the scratch KV block padding rows write to (fast path only)
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -195,18 +195,21 @@ class ModelRunner:
         from minengine.models.paged_decode import build_decode_batch
 
         assert meta.block_tables is not None
-        rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
-        if not rows:
+        seqs = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        if not seqs:
             return
         pad_to = None
-        if self.pad_block is not None:
-            pad_to = bucket_for(len(rows), capture_sizes(MAX_CAPTURE_SIZE)) or len(rows)
+        if self.pad_block is not None and self.attention_backend == "flex":
+            pad_to = bucket_for(len(seqs), capture_sizes(MAX_CAPTURE_SIZE)) or len(seqs)
         batch = build_decode_batch(
-            [meta.block_tables[i] for i in rows], [meta.seq_lens[i] for i in rows], meta.block_size,
+            [meta.block_tables[i] for i in seqs], [meta.seq_lens[i] for i in seqs], meta.block_size,
             int(self.kv_cache.kv_caches[0][0].shape[0]), backend=self.attention_backend,
-            width=self.max_blocks_per_seq, pad_to=pad_to, pad_block=self.pad_block, device=self.device,
+            width=self.max_blocks_per_seq if self.attention_backend != "cpp" else None, pad_to=pad_to,
+            pad_block=self.pad_block, device=self.device,
         )
-        batch.rows = _to_device(rows, self.device)
+        # the decodes' rows of the packed batch: a sequence's index is its row only while no prompt chunk
+        # comes before it in the step (a running request's next chunk can)
+        batch.rows = _to_device([meta.query_start_loc[i] for i in seqs], self.device)
         meta.decode_batch = batch
 
 

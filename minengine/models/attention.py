@@ -321,8 +321,10 @@ def paged_attention(
         rows = groups[0].rows
         if isinstance(rows, slice) and rows.stop - rows.start == q.shape[0]:  # every row, in order
             return _decode(q, k_flat, v_flat, groups[0], scale)  # nothing to scatter
-    out = torch.empty_like(q)
     fast = meta.decode_batch
+    if fast is not None and fast.rows is not None and fast.rows.shape[0] == q.shape[0]:  # all decodes
+        return fast.attend(q, k_cache, v_cache, scale, sliding_window).to(q.dtype)
+    out = torch.empty_like(q)
     if fast is not None and fast.rows is not None:  # the fast path: read the blocks in place
         out[fast.rows] = fast.attend(q[fast.rows], k_cache, v_cache, scale, sliding_window).to(out.dtype)
     # Decodes batched into few SDPA calls (one on a GPU): the common case of a running batch.

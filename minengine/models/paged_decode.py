@@ -8,7 +8,7 @@ with shapes that change each step. Here a decode batch is described by fixed-sha
     num_blocks   [B]    int32   blocks in use per row
     seq_lens     [B]    int64   tokens per row including the new one (the query sits at seq_lens - 1)
 
-Two ways to attend (``backend``):
+Three ways to attend (``backend``):
 
 - ``"flex"``: ``torch.nn.attention.flex_attention`` over the whole cache viewed as one long sequence
   ``[1, H_kv, num_blocks * block_size, D]``, with a ``BlockMask`` whose kv indices *are* the block
@@ -18,6 +18,8 @@ Two ways to attend (``backend``):
   it serves to test the layout against the reference path.
 - ``"gather"``: the static-shape fallback: gather all W blocks of each row and mask what is past its
   length. Graph-capturable, but it reads W blocks per row whatever the true length.
+- ``"cpp"``: the CPU's C++ kernel (``cpu_kernels.py``, ``csrc/paged_attention.cpp``): each row's
+  blocks read once, in place, up to its own length. No padding, no graph: the CPU's default for fp32.
 
 Padding rows (a batch padded up to a CUDA-graph size) point at a scratch block the scheduler never
 hands out, with length 1, so they write and read only that block.
@@ -32,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-DECODE_BACKENDS = ("flex", "gather")
+DECODE_BACKENDS = ("flex", "gather", "cpp")
 # flex's decode kernel tiles the keys in BLOCK_N columns; a KV block smaller than its default must
 # set it (CUDA only; None keeps torch's choice).
 FLEX_KERNEL_OPTIONS: dict[str, Any] | None = None
@@ -86,7 +88,7 @@ class DecodeBatch:
         n = q.shape[0]
         if n < self.batch_size:
             q = torch.cat([q, q.new_zeros((self.batch_size - n, *q.shape[1:]))])
-        fn = flex_decode if self.backend == "flex" else gather_decode
+        fn = {"flex": flex_decode, "gather": gather_decode, "cpp": cpp_decode}[self.backend]
         return fn(q, k_cache, v_cache, self, scale, sliding_window)[:n]
 
 
@@ -109,15 +111,18 @@ def build_decode_batch(
     if b > n and pad_block is None:
         raise ValueError("padding rows need a scratch pad_block")
     fill = pad_block if pad_block is not None else 0
-    tables = torch.full((b, w), fill, dtype=torch.int32)
-    num_blocks = torch.ones(b, dtype=torch.int32)
-    lens = torch.ones(b, dtype=torch.long)
+    rows: list[list[int]] = []
+    used_blocks: list[int] = []
     for i, (table, s) in enumerate(zip(block_tables, seq_lens, strict=True)):
         used = -(-s // block_size)
         if used > w or used > len(table):
             raise ValueError(f"row {i}: {s} tokens need {used} blocks; table has {len(table)}, width {w}")
-        tables[i, :used] = torch.tensor(table[:used], dtype=torch.int32)
-        num_blocks[i], lens[i] = used, s
+        rows.append(table[:used] + [fill] * (w - used))
+        used_blocks.append(used)
+    # one tensor per field from plain lists (a tensor per row costs microseconds each, every step)
+    tables = torch.tensor(rows + [[fill] * w] * (b - n), dtype=torch.int32)
+    num_blocks = torch.tensor(used_blocks + [1] * (b - n), dtype=torch.int32)
+    lens = torch.tensor(list(seq_lens) + [1] * (b - n), dtype=torch.long)
     dev = torch.device(device)
     return DecodeBatch(tables.to(dev), num_blocks.to(dev), lens.to(dev), block_size, num_cache_blocks, backend)
 
@@ -212,6 +217,16 @@ def gather_decode(
     return out.squeeze(2)
 
 
+def cpp_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: DecodeBatch, scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The C++ kernel: each row's own blocks, read in place up to its length (CPU, fp32)."""
+    from minengine.models.cpu_kernels import paged_decode_attention
+
+    return paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale, sliding_window)
+
+
 class DecodeTensors(NamedTuple):
     """B decodes described by tensors only, for a *compiled* decode step (``engine/compiled_decode.py``).
 
@@ -222,14 +237,18 @@ class DecodeTensors(NamedTuple):
         context_slots  [B, L]  int64  each row's context slots, the new token's included, padded with slot 0
         mask           [B, L]  bool   True where a key is real; None when no row is padded (B == 1)
         query_buffer   [B, H_q, D]    scratch the rotated queries are written to once (optional)
+        block_tables   [B, W]  int32  with seq_lens [B] int64: the C++ kernel's inputs; when given, the
+                                      graph calls that kernel instead (context_slots and mask unused)
 
     Full attention only (no sliding window): the compiled path is not offered to windowed models.
     """
 
     slot_mapping: torch.Tensor
-    context_slots: torch.Tensor
+    context_slots: torch.Tensor | None
     mask: torch.Tensor | None
     query_buffer: torch.Tensor | None = None  # [B, H_q, D] scratch: see attend
+    block_tables: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
 
     def prepare(self, device: torch.device, sliding_windows: Any = ()) -> None:
         """Nothing to build: the runner made the tensors (the model calls this on any metadata)."""
@@ -249,6 +268,11 @@ class DecodeTensors(NamedTuple):
         k_flat, v_flat = k_cache.view(-1, n_kv, d), v_cache.view(-1, n_kv, d)
         k_flat.index_copy_(0, self.slot_mapping, k.to(k_flat.dtype))
         v_flat.index_copy_(0, self.slot_mapping, v.to(v_flat.dtype))
+        if self.block_tables is not None:  # the C++ kernel, an opaque call inside the graph
+            assert self.seq_lens is not None
+            return torch.ops.minengine.paged_decode_attention(q, k_cache, v_cache, self.block_tables,
+                                                              self.seq_lens, scale, 0)
+        assert self.context_slots is not None
         b, length = self.context_slots.shape
         group = q.shape[1] // n_kv  # query heads per KV head (GQA)
         if self.query_buffer is not None:  # written out once, else inductor recomputes RoPE for every key

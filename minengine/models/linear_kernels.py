@@ -1,0 +1,165 @@
+"""Which kernel the model's Linear layers call on a CPU in fp32: F.linear (MKL), oneDNN, or our GEMV.
+
+Why it matters: ``F.linear`` on a CPU calls MKL's sgemm, which is fast on Intel CPUs. On an AMD EPYC
+(2 cores, 2026-12-01) it was 2.2x slower than oneDNN's at one row: MKL's matrix-vector product stayed on
+one core and read the weights at ~12 GB/s of the ~29 GB/s the bus gives, so a batch-1 decode step could
+not get near its bandwidth floor. It was 2.2x slower at 64 rows too (71 vs 158 GFLOP/s), and 1.6x at
+256-512 (``benchmarks/RESULTS.md``). PyTorch ships both libraries: oneDNN's linear
+(``torch.ops.mkldnn._linear_pointwise``, the op inductor's CPU backend emits) takes the same dense
+weight, so switching costs no memory and keeps every parameter where it was. At one row our own GEMV
+(``csrc/gemv.cpp``: one output row per step, each thread streaming its share of W) read ~1.18x faster
+than oneDNN on a decode step's matrices.
+
+``choose`` times the candidates on a matrix of the model's largest weight shape when the engine starts,
+at one row (a batch-1 decode) and at 128 (prefill, batched decode), and replaces F.linear in a regime only
+where another kernel is ``MARGIN`` faster, so a CPU where they tie keeps torch's default. ``apply`` makes
+every ``nn.Linear`` a ``KernelLinear``: the same module, whose forward picks the kernel by row count.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNELS = ("torch", "onednn")  # what EngineConfig.linear_kernel may ask for (both regimes)
+ONE_ROW_KERNELS = ("torch", "onednn", "gemv")  # gemv: csrc/gemv.cpp, one row only
+MARGIN = 1.15  # a kernel must be this much faster than F.linear to replace it
+MANY_ROWS = 128  # the prefill-sized measurement
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x @ weight.T + bias through oneDNN (fp32 CPU tensors; the weight in its ordinary layout)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.minengine.gemv(x, weight, bias)
+
+
+def _compiled_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # inductor cannot lower the mkldnn op with a dense weight: the same kernel behind an opaque op of ours
+    return torch.ops.minengine.onednn_linear(x, weight, bias)
+
+
+class KernelLinear(nn.Linear):
+    """``nn.Linear`` whose forward calls the kernels ``apply`` chose: ``one_row`` for a single row (a
+    batch-1 decode), ``many_rows`` otherwise. Parameters and state dict are nn.Linear's. Training falls
+    back to ``F.linear``: the other kernels have no backward."""
+
+    one_row: str = "torch"
+    many_rows: str = "torch"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = self.one_row if x.shape[0] == 1 else self.many_rows
+        if kernel == "torch" or (torch.is_grad_enabled() and self.weight.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        if kernel == "gemv" and x.dim() == 2:
+            return _gemv(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            return _compiled_onednn(x, self.weight, self.bias)
+        return onednn_linear(x, self.weight, self.bias)
+
+
+@dataclass
+class KernelChoice:
+    """What ``choose`` decided (kernel for one row, for many rows) and the times it decided on (seconds
+    per call, medians, on a matrix of the model's largest shape)."""
+
+    one_row: str
+    many_rows: str
+    reason: str
+    times: dict[str, float]
+
+    @property
+    def kernel(self) -> str:
+        """One word for the whole choice ("torch" when nothing was switched)."""
+        return self.many_rows if self.one_row == self.many_rows else f"{self.one_row}+{self.many_rows}"
+
+    def describe(self) -> str:
+        names = {"torch": "F.linear", "onednn": "oneDNN", "gemv": "minengine's GEMV"}
+        return (f"linear layers: {names[self.one_row]} at 1 row, {names[self.many_rows]} at more "
+                f"({self.reason})")
+
+
+def _median_time(fn, repeats: int = 5) -> float:  # noqa: ANN001
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def choose(model: nn.Module) -> KernelChoice:
+    """Time F.linear, oneDNN and (one row) the GEMV on the model's largest weight shape; see the module
+    doc. Decided once per process for each shape and thread count, so engines agree with each other."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    weight = max((m.weight for m in linears), key=lambda w: w.numel(), default=None)
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return KernelChoice("torch", "torch", "not a CPU fp32 model", {})
+    if not onednn_available():
+        return KernelChoice("torch", "torch", "this torch has no oneDNN", {})
+    return _choose_for(tuple(weight.shape), torch.get_num_threads())
+
+
+@functools.cache
+def _choose_for(shape: tuple[int, int], threads: int) -> KernelChoice:
+    from minengine.models import cpu_kernels
+
+    weight = torch.randn(shape)  # fresh memory: the model's own matrix may sit in cache from loading
+    candidates = {"torch": lambda x: F.linear(x, weight), "onednn": lambda x: onednn_linear(x, weight, None)}
+    if cpu_kernels.load():
+        candidates["gemv"] = lambda x: _gemv(x, weight, None)
+    times: dict[str, float] = {}
+    with torch.inference_mode():
+        for rows in (1, MANY_ROWS):
+            x = torch.randn(rows, shape[1])
+            for name, fn in candidates.items():
+                if rows == 1 or name != "gemv":
+                    times[f"{name}@{rows}"] = _median_time(lambda fn=fn, x=x: fn(x))
+    return decide(times)
+
+
+def decide(times: dict[str, float]) -> KernelChoice:
+    """The rule, from the timings ("name@rows": seconds per call): a kernel replaces F.linear in a regime
+    only where it is ``MARGIN`` faster there."""
+    def pick(rows: int) -> str:
+        base = times[f"torch@{rows}"]
+        fastest = min((t, name) for key, t in times.items() for name in [key.split("@")[0]]
+                      if key.endswith(f"@{rows}"))
+        return fastest[1] if base / fastest[0] >= MARGIN else "torch"
+
+    one, many = pick(1), pick(MANY_ROWS)
+    ratios = ", ".join(f"{k} {times[f'torch@{r}'] / times[f'{k}@{r}']:.1f}x faster than F.linear at {r} row(s)"
+                       for r, k in ((1, one), (MANY_ROWS, many)) if k != "torch")
+    return KernelChoice(one, many, ratios or "no kernel clearly faster than F.linear here", times)
+
+
+def apply(model: nn.Module, one_row: str, many_rows: str | None = None) -> int:
+    """Make every ``nn.Linear`` of ``model`` a ``KernelLinear`` running these kernels; returns how many.
+    The class is swapped in place, so parameters (tied ones too) and the state dict stay as they were."""
+    many_rows = many_rows or one_row
+    if one_row not in ONE_ROW_KERNELS or many_rows not in KERNELS:
+        raise ValueError(f"unknown linear kernel {one_row!r}/{many_rows!r}: use one of {', '.join(KERNELS)}")
+    if "onednn" in (one_row, many_rows) and not onednn_available():
+        raise ValueError("linear_kernel='onednn' needs a torch built with oneDNN (mkldnn); this one has none")
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            if type(module) is nn.Linear:
+                module.__class__ = KernelLinear
+            if isinstance(module, KernelLinear):
+                module.one_row, module.many_rows = one_row, many_rows
+                count += 1
+    return count

@@ -1,0 +1,157 @@
+"""The CPU's C++ paged decode-attention kernel (``models/csrc/paged_attention.cpp``) against the reference
+gather + SDPA path: shapes the templates specialise (head size 64, 128) and the generic loop (8, 96),
+grouped-query heads, shuffled and shared blocks, sliding windows, a batch too small to give every
+thread a whole sequence; its readable errors; the engine's choice of backend; and the whole engine's
+greedy tokens with the kernel against the reference path on three model families.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minengine.config import EngineConfig
+from minengine.core.sampling_params import SamplingParams
+from minengine.engine.fast_path import plan_fast_path
+from minengine.engine.llm import LLM
+from minengine.models import cpu_kernels
+from minengine.models.attention import AttentionMetadata, paged_attention
+from minengine.models.paged_decode import build_decode_batch
+
+CPU = torch.device("cpu")
+
+
+def test_the_kernel_builds_on_this_machine() -> None:
+    # make setup builds it; the project installs ninja and every machine it targets has g++
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    assert "C++ paged kernel" in cpu_kernels.describe()
+
+
+def _case(seed: int, lens: list[int], h_q: int, h_kv: int, d: int, bs: int, share: bool = True):
+    """Decodes whose blocks are shuffled across the cache, some sharing a prefix's blocks."""
+    rng = random.Random(seed)
+    need = [-(-s // bs) for s in lens]
+    num_blocks = sum(need) + 3
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    shared = [free.pop(), free.pop()]
+    tables = []
+    for i, n in enumerate(need):
+        own = shared[: min(2, n - 1)] if share and i % 2 == 0 else []
+        tables.append(own + [free.pop() for _ in range(n - len(own))])
+    g = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    q = torch.randn(len(lens), h_q, d, generator=g)
+    return tables, k_cache, v_cache, q
+
+
+def _reference(q, k_cache, v_cache, tables, lens, bs, window):
+    """paged_attention's gather path, its new K/V being what already sits in each new token's slot."""
+    h_kv, d = k_cache.shape[2], k_cache.shape[3]
+    meta = AttentionMetadata.build([1] * len(lens), lens, tables, bs)
+    k_flat, v_flat = k_cache.view(-1, h_kv, d), v_cache.view(-1, h_kv, d)
+    k_new, v_new = k_flat[meta.slot_mapping].clone(), v_flat[meta.slot_mapping].clone()
+    return paged_attention(q, k_new, v_new, (k_cache.clone(), v_cache.clone()), meta, d**-0.5, window)
+
+
+@pytest.mark.parametrize(("h_q", "h_kv", "d"), [(12, 4, 64), (4, 4, 128), (6, 2, 8), (3, 1, 96)],
+                         ids=["gqa3-d64", "mha-d128", "gqa3-d8", "mqa-d96"])
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: int | None, threads: int) -> None:
+    lens = [1, 37, 16, 5, 64, 23, 100]
+    bs = 8
+    tables, k_cache, v_cache, q = _case(1, lens, h_q, h_kv, d, bs)
+    expected = _reference(q, k_cache, v_cache, tables, lens, bs, window)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = build_decode_batch(tables, lens, bs, k_cache.shape[0], backend="cpp")
+        out = batch.attend(q, k_cache, v_cache, d**-0.5, window)
+        one = build_decode_batch(tables[1:2], lens[1:2], bs, k_cache.shape[0], backend="cpp")  # heads split
+        single = one.attend(q[1:2], k_cache, v_cache, d**-0.5, window)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(single, expected[1:2], rtol=1e-5, atol=1e-5)
+
+
+def test_padded_rows_and_a_wide_table_change_nothing() -> None:
+    lens = [9, 30, 3]
+    tables, k_cache, v_cache, q = _case(2, lens, 4, 2, 16, 4)
+    expected = _reference(q, k_cache, v_cache, tables, lens, 4, None)
+    # padding rows point at block 0 with length 1; the table is wider than any row needs
+    batch = build_decode_batch(tables, lens, 4, k_cache.shape[0], backend="cpp", width=20, pad_to=5, pad_block=0)
+    torch.testing.assert_close(batch.attend(q, k_cache, v_cache, 0.25), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_gets_a_readable_error() -> None:
+    tables, k_cache, v_cache, q = _case(3, [5, 9], 4, 2, 16, 4)
+    batch = build_decode_batch(tables, [5, 9], 4, k_cache.shape[0], backend="cpp")
+    op = cpu_kernels.paged_decode_attention
+    with pytest.raises(RuntimeError, match="float32 only"):
+        op(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), batch.block_tables, batch.seq_lens, 0.25)
+    with pytest.raises(RuntimeError, match="does not fit its block table"):
+        op(q, k_cache, v_cache, batch.block_tables, batch.seq_lens * 10, 0.25)
+    bad = batch.block_tables.clone()
+    bad[0, 0] = k_cache.shape[0]
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        op(q, k_cache, v_cache, bad, batch.seq_lens, 0.25)
+    with pytest.raises(RuntimeError, match="head sizes disagree"):
+        op(q[:, :3], k_cache, v_cache, batch.block_tables, batch.seq_lens, 0.25)
+
+
+def test_the_cpu_plan_picks_the_kernel_for_fp32_only() -> None:
+    assert plan_fast_path(EngineConfig(), CPU).attention_backend == "cpp"
+    plan = plan_fast_path(EngineConfig(), CPU)
+    assert (plan.cuda_graphs, plan.extra_blocks) == (False, 0)  # no graphs, no scratch block
+    assert plan_fast_path(EngineConfig(), CPU, torch.bfloat16).attention_backend == "gather"
+    assert plan_fast_path(EngineConfig(attention_backend="gather"), CPU).attention_backend == "gather"
+    with pytest.raises(ValueError, match="fp32 kernel"):
+        plan_fast_path(EngineConfig(attention_backend="cpp"), CPU, torch.bfloat16)
+    with pytest.raises(ValueError, match="fp32 kernel"):
+        plan_fast_path(EngineConfig(attention_backend="cpp"), torch.device("cuda"))
+
+
+def test_switched_off_the_engine_runs_the_reference_path(tmp_path) -> None:
+    code = ("import minengine, torch\n"
+            "from minengine.engine.fast_path import plan_fast_path\n"
+            "from minengine.config import EngineConfig\n"
+            "print(plan_fast_path(EngineConfig(), torch.device('cpu')).attention_backend)\n"
+            "try:\n"
+            "    plan_fast_path(EngineConfig(attention_backend='cpp'), torch.device('cpu'))\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = {**os.environ, cpu_kernels.ENV_SWITCH: "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "gather"
+    assert "could not be built (turned off" in lines[1]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+def test_engine_gives_the_reference_greedy_tokens_with_the_kernel(hf_model_dir, torch_one_thread, family: str) -> None:
+    """Chunked prefill (mixed steps: the kernel takes the decodes, the gather path the chunks), a cache
+    small enough to preempt, prefix hits; mistral has a sliding window."""
+    rng = random.Random(7)
+    prefix = [rng.randrange(3, 512) for _ in range(24)]
+    prompts = [prefix + [rng.randrange(3, 512) for _ in range(3 + 5 * i)] for i in range(6)]
+    common = dict(max_num_seqs=6, max_num_batched_tokens=32, max_model_len=96, block_size=4, num_blocks=40)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    path = hf_model_dir(family)
+    ref_llm = LLM(path, attention_backend="gather", **common)
+    ref = ref_llm.generate(prompts, params, use_tqdm=False)
+    llm = LLM(path, **common)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.llm_engine.model_runner.attention_backend == "cpp"
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    engine = llm.llm_engine
+    assert engine.num_preemptions > 0 and engine.prefix_cache_stats["hits"] > 0
+    assert engine.kv_cache.kv_caches[0][0].shape[0] == 40  # no scratch block

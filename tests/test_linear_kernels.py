@@ -1,0 +1,117 @@
+"""The Linear layers' library on a CPU (``models/linear_kernels.py``): switching keeps parameters, tied
+weights and the state dict; oneDNN gives F.linear's results; the rule that picks it; training still works;
+and the engine's greedy tokens are the same with either library on three model families."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minengine.config import EngineConfig
+from minengine.core.sampling_params import SamplingParams
+from minengine.engine.llm import LLM
+from minengine.models import linear_kernels
+from minengine.models.loader import build_random_model
+
+pytestmark = pytest.mark.skipif(not linear_kernels.onednn_available(), reason="this torch has no oneDNN")
+CFG = dict(architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=64,
+           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+           tie_word_embeddings=True)
+
+
+def test_apply_swaps_the_class_and_keeps_every_parameter() -> None:
+    model = build_random_model(CFG, device="cpu", dtype=torch.float32, seed=0, std=0.2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = {id(p) for p in model.parameters()}
+    assert linear_kernels.apply(model, "onednn") == 9  # 2 layers x (qkv, o, gate_up, down) + lm_head
+    assert all(isinstance(m, linear_kernels.KernelLinear) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert {id(p) for p in model.parameters()} == ids
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert model.lm_head.one_row == model.lm_head.many_rows == "onednn"
+    assert linear_kernels.apply(model, "torch") == 9 and model.lm_head.many_rows == "torch"
+    with pytest.raises(ValueError, match="unknown linear kernel"):
+        linear_kernels.apply(model, "blas")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 130])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("one_row", ["onednn", "gemv"])
+def test_kernels_give_f_linear_results(rows: int, bias: bool, one_row: str) -> None:
+    from minengine.models import cpu_kernels
+
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    layer = torch.nn.Linear(100, 40, bias=bias)  # 100: not a multiple of the GEMV's 16- and 64-float steps
+    x = torch.randn(rows, 100)
+    expected = F.linear(x, layer.weight, layer.bias)
+    linear_kernels.apply(layer, one_row, "onednn")
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        if rows == 1:  # the GEMV keeps any leading shape
+            torch.testing.assert_close(layer(x.view(1, 1, 100)), expected.view(1, 1, 40), rtol=1e-5, atol=1e-5)
+
+
+def test_gemv_rejects_what_it_cannot_do() -> None:
+    from minengine.models import cpu_kernels
+
+    cpu_kernels.load()
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.minengine.gemv(torch.randn(1, 8).double(), torch.randn(4, 8).double(), None)
+    with pytest.raises(RuntimeError, match="one row"):
+        torch.ops.minengine.gemv(torch.randn(2, 8), torch.randn(4, 8), None)
+
+
+def test_training_falls_back_to_f_linear() -> None:
+    layer = torch.nn.Linear(16, 8)
+    linear_kernels.apply(layer, "onednn")
+    x = torch.randn(3, 16, requires_grad=True)
+    layer(x).sum().backward()  # the oneDNN op has no backward: the layer must not call it here
+    assert layer.weight.grad is not None and x.grad is not None
+
+
+def test_the_rule_switches_only_for_a_clear_win() -> None:
+    many = linear_kernels.MANY_ROWS
+
+    def times(onednn: tuple[float, float], gemv: float | None = None) -> dict[str, float]:
+        """Each kernel's speed-up over F.linear (whose time is 1) at one row and at many."""
+        t = {"torch@1": 1.0, f"torch@{many}": 1.0, "onednn@1": 1 / onednn[0], f"onednn@{many}": 1 / onednn[1]}
+        if gemv is not None:
+            t["gemv@1"] = 1 / gemv
+        return t
+
+    amd = linear_kernels.decide(times((2.2, 1.6), 2.6))  # AMD EPYC, measured
+    assert (amd.one_row, amd.many_rows) == ("gemv", "onednn")
+    tie = linear_kernels.decide(times((1.05, 1.0), 1.1))  # nothing clearly faster: keep the default
+    assert (tie.one_row, tie.many_rows, tie.kernel) == ("torch", "torch", "torch")
+    split = linear_kernels.decide(times((2.0, 0.8)))  # faster GEMV, slower prefill
+    assert (split.one_row, split.many_rows) == ("onednn", "torch")
+    choice = linear_kernels.choose(build_random_model(CFG, device="cpu", dtype=torch.float32, seed=0))
+    assert choice.one_row in linear_kernels.ONE_ROW_KERNELS and choice.many_rows in linear_kernels.KERNELS
+    assert {"torch@1", "onednn@1", "gemv@1", f"torch@{many}", f"onednn@{many}"} == set(choice.times)
+    assert "linear layers:" in choice.describe()
+    assert linear_kernels.choose(build_random_model(CFG, device="cpu", dtype=torch.bfloat16, seed=0)).kernel == "torch"
+
+
+def test_config_checks_the_name() -> None:
+    with pytest.raises(ValueError, match="linear_kernel"):
+        EngineConfig(linear_kernel="mkl")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+def test_engine_tokens_are_the_same_with_either_library(hf_model_dir, torch_one_thread, family: str) -> None:
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 512) for _ in range(4 + 9 * i)] for i in range(5)]
+    common = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for kernel in linear_kernels.KERNELS:
+        llm = LLM(hf_model_dir(family), linear_kernel=kernel, **common)
+        assert llm.llm_engine.linear_kernel.kernel == kernel
+        outs[kernel] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["onednn"] == outs["torch"]
+    timed = LLM(hf_model_dir(family), **common)  # whatever this machine picks, the GEMV included
+    assert [o.outputs[0].token_ids for o in timed.generate(prompts, params, use_tqdm=False)] == outs["torch"]
