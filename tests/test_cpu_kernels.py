@@ -1,5 +1,5 @@
 """The CPU's C++ paged decode-attention kernel (``models/csrc/paged_attention.cpp``) against the reference
-gather + SDPA path: shapes the templates specialise (head size 64, 128) and the generic loop (8, 96),
+gather + SDPA path: shapes with a compiled-in fast path (head size 32, 64, 128) and the generic loop (8, 96),
 grouped-query heads, shuffled and shared blocks, sliding windows, a batch too small to give every
 thread a whole sequence; its readable errors; the engine's choice of backend; and the whole engine's
 greedy tokens with the kernel against the reference path on three model families.
@@ -60,8 +60,8 @@ def _reference(q, k_cache, v_cache, tables, lens, bs, window):
     return paged_attention(q, k_new, v_new, (k_cache.clone(), v_cache.clone()), meta, d**-0.5, window)
 
 
-@pytest.mark.parametrize(("h_q", "h_kv", "d"), [(12, 4, 64), (4, 4, 128), (6, 2, 8), (3, 1, 96)],
-                         ids=["gqa3-d64", "mha-d128", "gqa3-d8", "mqa-d96"])
+@pytest.mark.parametrize(("h_q", "h_kv", "d"), [(12, 4, 64), (4, 4, 128), (16, 2, 32), (6, 2, 8), (3, 1, 96)],
+                         ids=["gqa3-d64", "mha-d128", "gqa8-d32", "gqa3-d8", "mqa-d96"])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: int | None, threads: int) -> None:

@@ -497,6 +497,7 @@ def test_serve_cli_subprocess(tmp_path):
     assert "serving 'tinystories-4m'" in err
     frozen = re.search(r"([\d,]+) start-up objects frozen out of GC walks", err)
     assert frozen and int(frozen.group(1).replace(",", "")) > 10_000, err  # torch alone is more
+    assert re.search(r"decode attention '(cpp|gather)'; linear layers: ", err), err  # which kernels it got
 
 
 def test_serve_cli_bad_model_is_one_line(capsys):

@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         state = (f"off, running eagerly ({compiled.disabled})" if compiled.disabled
                  else f"on, compiled in {compiled.compile_seconds:.1f} s")
         print(f"minengine: compiled decode steps {state}", file=sys.stderr, flush=True)
+    if engine.device.type == "cpu":  # which kernels this CPU got (both are chosen, not fixed)
+        attention = engine.model_runner.attention_backend
+        print(f"minengine: decode attention {attention!r}; {engine.linear_kernel.describe()}",
+              file=sys.stderr, flush=True)
     # Built and warmed up: keep the start-up heap out of the collector's walks, as vLLM does.
     frozen = freeze_gc_heap()
     print(

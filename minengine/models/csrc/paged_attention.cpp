@@ -15,6 +15,12 @@
 // (then V) row for those heads is read as one contiguous piece: the hardware prefetcher keeps up, where
 // walking one head at a time through 1 KB rows measured 2x slower. Two passes over the context: the
 // scores (then a softmax per query head), then the probability-weighted sum of the V rows.
+//
+// Common head shapes (head size 32/64/128 with few query heads per KV head) get `attend_fast`, where
+// both are compile-time constants: a KV head's query rows and running sums then live in registers, and
+// while it scores block j it asks the memory system for block j+1 of K and block j of V (blocks are
+// scattered, so the hardware prefetcher cannot guess them). Measured at batch 64 x 300 tokens (AMD
+// EPYC, 2 threads): ~25 % faster than the plain loops of `attend`, which serve every other shape.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
@@ -46,11 +52,27 @@ inline const float* row(const float* cache, const Item& it, const Shape& s, int6
   return cache + (block * s.block_size + pos % s.block_size) * s.row_stride;
 }
 
-// kD > 0: the head size is known at compile time (the loops unroll); kD == 0: taken from `dim`.
-template <int kD>
+// Softmax of each of `rows` score rows (n long), in place, left unnormalised: inv_sum[i] = 1 / row i's
+// sum is applied to the output instead. The max is subtracted first so that exp cannot overflow.
+inline void softmax_rows(float* scores, int64_t n, int64_t rows, float* inv_sum) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* si = scores + i * n;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) top = std::max(top, si[t]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; ++t) {
+      si[t] = std::exp(si[t] - top);
+      sum += si[t];
+    }
+    inv_sum[i] = 1.f / sum;
+  }
+}
+
+// Any head shape: plain loops (the compiler vectorises the inner ones).
 void attend(const Item& it, const Shape& s, int64_t dim, const float* k_cache, const float* v_cache,
             float* scores, float* acc) {
-  const int64_t d_size = kD > 0 ? kD : dim, n = it.len - it.first, nq = s.heads * s.group;
+  const int64_t d_size = dim, n = it.len - it.first, nq = s.heads * s.group;
   // Pass 1: scores[i][t] = (q_i . k_t) * scale for query head i = h * G + g, which reads KV head h.
   for (int64_t t = 0; t < n; ++t) {
     const float* k = row(k_cache, it, s, it.first + t);
@@ -63,20 +85,8 @@ void attend(const Item& it, const Shape& s, int64_t dim, const float* k_cache, c
       scores[i * n + t] = dot * s.scale;
     }
   }
-  // Softmax of each query head's row; the max is subtracted first so that exp cannot overflow.
   std::vector<float> inv_sum(nq);
-  for (int64_t i = 0; i < nq; ++i) {
-    float* si = scores + i * n;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) top = std::max(top, si[t]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < n; ++t) {
-      si[t] = std::exp(si[t] - top);
-      sum += si[t];
-    }
-    inv_sum[i] = 1.f / sum;
-  }
+  softmax_rows(scores, n, nq, inv_sum.data());
   // Pass 2: acc[i] = sum_t p[i][t] * v_t, then divided by the softmax's sum.
   std::fill(acc, acc + nq * d_size, 0.f);
   for (int64_t t = 0; t < n; ++t) {
@@ -91,6 +101,105 @@ void attend(const Item& it, const Shape& s, int64_t dim, const float* k_cache, c
   }
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t d = 0; d < d_size; ++d) it.out[i * d_size + d] = acc[i * d_size + d] * inv_sum[i];
+}
+
+
+// 16 floats as one value (GCC/Clang vector extensions: one AVX-512 register, or two or four narrower).
+typedef float vfloat __attribute__((vector_size(64)));
+
+inline vfloat vload(const float* p) {
+  vfloat v;
+  __builtin_memcpy(&v, p, sizeof v);  // an unaligned load
+  return v;
+}
+
+inline void vstore(float* p, vfloat v) { __builtin_memcpy(p, &v, sizeof v); }
+
+inline float vsum(vfloat v) {
+  float total = 0.f;
+  for (int i = 0; i < 16; ++i) total += v[i];
+  return total;
+}
+
+// Ask for the rows of the block holding `pos` (up to the sequence's end) to be brought into the cache.
+inline void prefetch_block(const float* cache, const Item& it, const Shape& s, int64_t pos, int locality) {
+  if (pos >= it.len) return;
+  const char* p = reinterpret_cast<const char*>(row(cache, it, s, pos));
+  const int64_t bytes = std::min(s.block_size - pos % s.block_size, it.len - pos) * s.row_stride * 4;
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
+    if (locality == 1)
+      __builtin_prefetch(p + offset, 0, 1);
+    else
+      __builtin_prefetch(p + offset, 0, 2);
+  }
+}
+
+template <int D, int G>
+void attend_fast(const Item& it, const Shape& s, const float* k_cache, const float* v_cache, float* scores,
+                 float* acc) {
+  constexpr int V = D / 16;  // vectors per head row
+  const int64_t n = it.len - it.first, nq = s.heads * G;
+  // Pass 1, block by block: prefetch the next K block and this block's V (read again in pass 2).
+  for (int64_t pos = it.first; pos < it.len;) {
+    const int64_t count = std::min(s.block_size - pos % s.block_size, it.len - pos);
+    prefetch_block(k_cache, it, s, pos + count, 2);
+    prefetch_block(v_cache, it, s, pos, 1);
+    const float* k = row(k_cache, it, s, pos);
+    for (int64_t t = 0; t < count; ++t, k += s.row_stride) {
+      for (int64_t h = 0; h < s.heads; ++h) {
+        vfloat kv[V];
+        for (int j = 0; j < V; ++j) kv[j] = vload(k + h * D + 16 * j);
+        for (int g = 0; g < G; ++g) {
+          const float* qg = it.q + (h * G + g) * D;
+          vfloat dot = vload(qg) * kv[0];
+          for (int j = 1; j < V; ++j) dot += vload(qg + 16 * j) * kv[j];
+          scores[(h * G + g) * n + (pos - it.first) + t] = vsum(dot) * s.scale;
+        }
+      }
+    }
+    pos += count;
+  }
+  std::vector<float> inv_sum(nq);
+  softmax_rows(scores, n, nq, inv_sum.data());
+  // Pass 2, block by block and KV head by KV head: G x V running sums stay in registers.
+  std::fill(acc, acc + nq * D, 0.f);
+  for (int64_t pos = it.first; pos < it.len;) {
+    const int64_t count = std::min(s.block_size - pos % s.block_size, it.len - pos);
+    const float* v = row(v_cache, it, s, pos);
+    for (int64_t h = 0; h < s.heads; ++h) {
+      vfloat sums[G][V];
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < V; ++j) sums[g][j] = vload(acc + (h * G + g) * D + 16 * j);
+      for (int64_t t = 0; t < count; ++t) {
+        const float* vt = v + t * s.row_stride + h * D;
+        vfloat vv[V];
+        for (int j = 0; j < V; ++j) vv[j] = vload(vt + 16 * j);
+        for (int g = 0; g < G; ++g) {
+          const float p = scores[(h * G + g) * n + (pos - it.first) + t];
+          for (int j = 0; j < V; ++j) sums[g][j] += p * vv[j];
+        }
+      }
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < V; ++j) vstore(acc + (h * G + g) * D + 16 * j, sums[g][j]);
+    }
+    pos += count;
+  }
+  for (int64_t i = 0; i < nq; ++i)
+    for (int d = 0; d < D; ++d) it.out[i * D + d] = acc[i * D + d] * inv_sum[i];
+}
+
+// The shapes with a fast path; false: the caller runs the plain `attend`.
+bool attend_dispatch(int64_t dim, int64_t group, const Item& it, const Shape& s, const float* k, const float* v,
+                     float* scores, float* acc) {
+#define MINENGINE_FAST(D_, G_) \
+  if (dim == D_ && group == G_) return attend_fast<D_, G_>(it, s, k, v, scores, acc), true;
+  MINENGINE_FAST(32, 1) MINENGINE_FAST(32, 2) MINENGINE_FAST(32, 3) MINENGINE_FAST(32, 4)
+  MINENGINE_FAST(32, 6) MINENGINE_FAST(32, 8)
+  MINENGINE_FAST(64, 1) MINENGINE_FAST(64, 2) MINENGINE_FAST(64, 3) MINENGINE_FAST(64, 4)
+  MINENGINE_FAST(64, 5) MINENGINE_FAST(64, 6) MINENGINE_FAST(64, 7) MINENGINE_FAST(64, 8)
+  MINENGINE_FAST(128, 1) MINENGINE_FAST(128, 2)
+#undef MINENGINE_FAST
+  return false;
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -143,14 +252,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const int64_t head = (b * num_heads + h0 * group) * dim;  // offset of the item's first query head
       const Item it{q_ptr + head, table_ptr + b * width, first, len, out_ptr + head};
       const float *k = k_ptr + h0 * dim, *v = v_ptr + h0 * dim;
-      if (dim == 32)
-        attend<32>(it, shape, dim, k, v, scores.data(), acc.data());
-      else if (dim == 64)
-        attend<64>(it, shape, dim, k, v, scores.data(), acc.data());
-      else if (dim == 128)
-        attend<128>(it, shape, dim, k, v, scores.data(), acc.data());
-      else
-        attend<0>(it, shape, dim, k, v, scores.data(), acc.data());
+      if (!attend_dispatch(dim, group, it, shape, k, v, scores.data(), acc.data()))
+        attend(it, shape, dim, k, v, scores.data(), acc.data());
     }
   });
   return out;
