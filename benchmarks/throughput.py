@@ -28,7 +28,7 @@ requests. Every engine's outputs are checked against ``hf-sequential``'s (same g
 Compute floor: the workload's FLOPs (every computed token through the projections and the MLP, causal
 attention's QK^T and PV over its context, the LM head once per output token) divided by the fp32
 matmul peak measured in the same run, before each round (a 1024^3 product, the better of ``torch.mm``
-and oneDNN: ``best_matmul_flops``). No engine can run the
+and oneDNN: ``measure_matmul_flops``). No engine can run the
 workload faster; ``wall / floor`` says how far from what the hardware allows each one is (issue 13's goal
 for minengine on ``llama-100m``: <= 1.4x). Memory per engine: the resident memory its setup added (its
 model copy and KV cache as far as touched; HF engines share one model, counted once for each) and the
@@ -54,7 +54,6 @@ from tqdm.auto import tqdm
 import minengine
 from minengine.core.records import RequestRecord
 from minengine.metrics.stats import summarize
-from minengine.models import linear_kernels
 from minengine.perf.measure import measure_matmul_flops, measure_read_bandwidth
 
 try:
@@ -116,23 +115,6 @@ def workload_flops(config: Any, w: Workload) -> float:
         n = len(prompt) + out - 1  # tokens computed
         total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * head * out
     return total
-
-
-def best_matmul_flops() -> float:
-    """The fp32 matmul peak: the better of torch's ``a @ b`` (MKL) and oneDNN's on the same 1024^3
-    product. The floor is a bound on any engine, so it takes the fastest kernel this machine has (on an
-    AMD EPYC, 2026-12-01, oneDNN's reached ~195 GFLOP/s where MKL's reached ~140)."""
-    best = measure_matmul_flops("cpu")
-    if linear_kernels.onednn_available():
-        n = 1024
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            linear_kernels.onednn_linear(a, b, None)
-            times.append(time.perf_counter() - start)
-        best = max(best, 2 * n**3 / common.median(times[1:]))
-    return best
 
 
 def read_aware_floor(config: Any, w: Workload, peak_flops: float, read_bytes_per_s: float,
@@ -354,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for run in runners.values():
             run(warm)
         for r in range(args.rounds):  # odd rounds in reverse order, so no engine always runs last
-            peak_flops = best_matmul_flops()  # this round's floor: the machine's matmul peak right now
+            peak_flops = measure_matmul_flops("cpu")  # this round's floor: the machine's matmul peak now
             read_floor = read_aware_floor(hf.config, work, peak_flops, measure_read_bandwidth("cpu"))
             for name in list(runners)[:: 1 if r % 2 == 0 else -1]:
                 bar.set_postfix_str(name)

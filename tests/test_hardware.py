@@ -49,3 +49,19 @@ def test_accelerator_is_frozen() -> None:
     acc: Accelerator = get_accelerator("l40s")
     with pytest.raises(dataclasses.FrozenInstanceError):
         acc.memory_bytes = 1  # type: ignore[misc]
+
+
+def test_the_cpu_matmul_peak_is_the_faster_library(monkeypatch) -> None:
+    """On a CPU in fp32 the peak is the better of torch's matmul (MKL) and oneDNN's: a peak is the
+    machine's, and MKL ran at half of oneDNN's speed on an AMD EPYC."""
+    import torch
+
+    from minengine.perf import measure
+
+    if not measure._has_onednn_linear():
+        pytest.skip("this torch has no oneDNN")
+    timed = iter([2.0, 1.0])  # seconds: torch's matmul first, then oneDNN's
+    monkeypatch.setattr(measure, "_timeit", lambda fn, sync, repeats, budget_s: (fn(), next(timed))[1])
+    assert measure.measure_matmul_flops("cpu", n=8) == 2 * 8**3 / 1.0
+    timed = iter([1.0])  # bf16: torch's matmul only
+    assert measure.measure_matmul_flops("cpu", n=8, dtype=torch.bfloat16) == 2 * 8**3 / 1.0

@@ -15,10 +15,12 @@ out yet (every slot is written before it is read, so the scribble is harmless). 
 not cover run the reference path unchanged: a prefill or a prompt chunk in the step, a row that samples
 nothing, a step whose padded context exceeds ``max_context_tokens``, and models with a sliding window.
 
-Big batches gain the most. Decode attention in the graph reads each row's K/V from the paged cache
-where it lies (``DecodeTensors.attend``), once; the eager path copies each row's context out of the
-cache and attention reads the copy, moving the KV bytes about three times. A batch-64 step with ~290
-tokens of context spends ~40 % of its eager time there (``benchmarks/RESULTS.md`` §2).
+Decode attention in the graph reads each row's K/V from the paged cache where it lies, once: through
+the C++ kernel (``models/cpu_kernels.py``) as an opaque call when it is built, else written as products
+and sums that inductor fuses (``DecodeTensors.attend``). Only the second pays for padding (every row is
+padded to the longest), hence ``MAX_PADDING``. The Linear layers call what ``models/linear_kernels.py``
+chose, oneDNN through ``torch.ops.minengine.onednn_linear`` (inductor cannot lower the mkldnn op on a
+dense weight).
 
 fp32 only: in bf16 the fused kernels round once where eager PyTorch rounds after every op, and on a
 random-weight 100M model greedy tokens left the eager engine's within 1-6 tokens (inductor's

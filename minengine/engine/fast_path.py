@@ -282,7 +282,7 @@ def plan_fast_path(config: EngineConfig, device: torch.device, dtype: torch.dtyp
         if not _cpp_kernel_usable(device, dtype):
             from minengine.models import cpu_kernels
 
-            raise ValueError(f"attention_backend='cpp': the kernel could not be built ({cpu_kernels.build_error()})")
+            raise ValueError(f"attention_backend='cpp': the CPU kernels are not in use ({cpu_kernels.build_error()})")
     eager = config.enforce_eager if config.enforce_eager is not None else not (cuda and backend == "flex")
     if backend == "cpp" and not eager:
         raise ValueError("attention_backend='cpp' runs without graphs: leave enforce_eager unset or True")

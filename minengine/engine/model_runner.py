@@ -14,9 +14,10 @@ nothing, and skipping its rows saves a [tokens, vocab] matmul.
 
 The fast path (``minengine.engine.fast_path``, on by default on CUDA) plugs in here without changing
 the interface: an all-decode step that fits a captured size replays a CUDA graph, and with
-``attention_backend="flex"`` the decodes of any step read the paged cache in place. On a CPU,
-``compile_decode=True`` runs all-decode steps as one compiled graph (``engine/compiled_decode.py``).
-With none of these (the CPU default) the reference path runs exactly as before.
+``attention_backend="flex"`` (a GPU's default) or ``"cpp"`` (a CPU's, in fp32: the C++ kernel) the
+decodes of any step read the paged cache in place; prompt chunks always take the reference path. On a
+CPU, ``compile_decode=True`` runs all-decode steps as one compiled graph (``engine/compiled_decode.py``).
+With ``attention_backend="gather"`` the reference path runs exactly as before.
 """
 
 from __future__ import annotations
