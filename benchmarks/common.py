@@ -91,7 +91,7 @@ def _decode_attention() -> str:
     cpu_kernels.load()
     line = cpu_kernels.describe().split(" (")[0]
     if linear_kernels.onednn_available():
-        choice = linear_kernels._choose_for((32000, 768), torch.get_num_threads())
+        choice = linear_kernels.choose_for_shape((32000, 768))
         line += "; " + choice.describe().replace("linear layers:", "linear layers (32000 x 768):")
     return line
 

@@ -110,7 +110,13 @@ def choose(model: nn.Module) -> KernelChoice:
         return KernelChoice("torch", "torch", "not a CPU fp32 model", {})
     if not onednn_available():
         return KernelChoice("torch", "torch", "this torch has no oneDNN", {})
-    return _choose_for(tuple(weight.shape), torch.get_num_threads())
+    return choose_for_shape(tuple(weight.shape))
+
+
+def choose_for_shape(shape: tuple[int, int]) -> KernelChoice:
+    """``choose`` for a weight matrix of this [out, in] shape, at torch's current thread count (a
+    benchmark's machine line prints what an engine for a model of that shape would run)."""
+    return _choose_for(shape, torch.get_num_threads())
 
 
 @functools.cache
