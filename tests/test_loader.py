@@ -259,6 +259,42 @@ def test_tokenizer_from_folder(tmp_path, hf_model_dir):
     assert loaded("once upon a time")["input_ids"] == [3, 4, 5, 6]
 
 
+
+def test_tokenizer_is_the_one_autotokenizer_picks(tmp_path):
+    """The shortcut past AutoTokenizer gives the same class and the same ids, chat template included;
+    a folder that declares another tokenizer class still goes through AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    texts = ["Once upon a time, a dog ran.", "  spaces\tand\nnewlines ", "héllo wörld ✓ 日本"]
+    for name in ["tinystories-4m"]:
+        path = resolve_model_path(name)
+        ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(str(path))
+        assert type(ours) is type(theirs)
+        assert [ours(t)["input_ids"] for t in texts] == [theirs(t)["input_ids"] for t in texts]
+        messages = [{"role": "user", "content": texts[0]}]
+        assert ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+            theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    other = tmp_path / "other"
+    shutil.copytree(resolve_model_path("tinystories-4m"), other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    assert load_tokenizer(other)("Once upon a time")["input_ids"] == \
+        AutoTokenizer.from_pretrained(str(other))("Once upon a time")["input_ids"]
+
+
+def test_engine_start_up_skips_dynamo_and_autoconfig():
+    """An engine's start-up stays light: building the model on the meta device must not route through
+    torch's Python reference ops (they import TorchDynamo, ~1 s), nor loading the tokenizer through
+    AutoConfig (it imports torch.distributed.tensor, ~2.5 s). Checked in a fresh process."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from minengine import LLM; llm = LLM('tinystories-4m'); "
+            "llm.generate(['Once upon a time'], use_tqdm=False); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch.distributed.tensor') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
 def test_shipped_model_is_the_default():
     if not (SHIPPED / "config.json").is_file():
         pytest.skip(f"shipped model {DEFAULT_MODEL} not trained yet")

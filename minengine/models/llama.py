@@ -86,7 +86,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
-        self.build_cache(device)
+        if device is not None or torch.get_default_device().type != "meta":
+            # On the meta device the tables would be shapes only, computed through torch's Python
+            # reference ops (whose first use imports TorchDynamo, ~1 s); the loader builds them instead.
+            self.build_cache(device)
 
     def build_cache(self, device: torch.device | str | None = None) -> None:
         """(Re)compute the tables; the loader calls this after building the module on the meta device."""

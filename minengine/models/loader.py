@@ -12,6 +12,8 @@ import importlib.metadata
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +268,29 @@ def check_state_dict(
     return sd
 
 
+@contextmanager
+def _no_random_init() -> Iterator[None]:
+    """Skip the modules' random init while building on the meta device. The checkpoint (or the seeded
+    draw of ``build_random_model``) replaces every tensor anyway, and on meta tensors torch runs the init
+    through its Python reference ops, whose first use imports TorchDynamo: about 1 s of every engine's
+    start-up (measured 2026-12-02, 2 cores), paid again by each server and notebook process."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "zeros_", "ones_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
+def _meta_model(config: ModelConfig) -> LlamaForCausalLM:
+    """The model's skeleton on the meta device: shapes only, no memory, no random init."""
+    with torch.device("meta"), _no_random_init():
+        return LlamaForCausalLM(config)
+
+
 def load_model(
     name_or_path: str | os.PathLike[str] | None = None,
     *,
@@ -280,8 +305,7 @@ def load_model(
     files = weight_files(path)
 
     # Build on the meta device (no memory, no random init), then adopt the checkpoint tensors directly.
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+    model = _meta_model(config)
     state_dict: dict[str, torch.Tensor] = {}
     for file in files:  # convert shard by shard so at most one shard sits in memory twice
         try:
@@ -300,15 +324,34 @@ def load_model(
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None):  # -> PreTrainedTokenizerFast
-    """The model folder's tokenizer, via ``transformers.AutoTokenizer``."""
+    """The model folder's tokenizer: the class ``transformers.AutoTokenizer`` would pick."""
     path = resolve_model_path(name_or_path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ModelNotFoundError(
             f"no tokenizer in {path}: expected tokenizer.json (or tokenizer.model / vocab.json)"
         )
+    if (path / "tokenizer.json").is_file() and _declared_tokenizer_class(path) in _FAST_TOKENIZER_CLASSES:
+        # The class AutoTokenizer would resolve to anyway, without its detour through AutoConfig, which
+        # imports half of transformers and torch.distributed: ~2.5 s of every engine's start-up
+        # (measured 2026-12-02, 2 cores), paid again by each server and notebook process.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+# tokenizer_config.json names that mean "the generic tokenizers-library tokenizer" (transformers 5 calls
+# it TokenizersBackend; PreTrainedTokenizerFast is its public name in both 4 and 5).
+_FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _declared_tokenizer_class(path: Path) -> str | None:
+    try:
+        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def build_random_model(
@@ -330,8 +373,7 @@ def build_random_model(
     config = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
     dev = resolve_device(device)
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(dtype)  # meta tensors: changing dtype costs nothing yet
+    model = _meta_model(config).to(dtype)  # meta tensors: changing dtype costs nothing yet
     model = model.to_empty(device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
     with torch.no_grad():
