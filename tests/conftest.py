@@ -37,3 +37,22 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.hookimpl(trylast=True)  # after tests/browser/conftest.py has marked what it must skip
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run each lesson once per session. Where a browser test of this session will Run All Cells of a
+    lesson (Chromium present, the test selected: it carries ``runs_lesson``), that run checks everything
+    the headless run does (no error or printed traceback, every must-hold claim, the same time limit)
+    and more (no stderr, plots on screen), so the headless run of that lesson steps aside: two runs of
+    the ten lessons were ~15 of the suite's ~40 minutes on 2 cores. A session without those browser
+    tests runs every lesson headless, and ``make book`` runs any lesson the tests left unexecuted."""
+    in_browser = {marker.args[0]: item.nodeid for item in items
+                  if (marker := item.get_closest_marker("runs_lesson")) and not item.get_closest_marker("skip")}
+    for item in items:
+        if getattr(item, "originalname", "") != "test_lesson_runs_headless":
+            continue
+        stem = Path(item.callspec.params["path"]).stem
+        if stem in in_browser:
+            item.add_marker(pytest.mark.skip(reason=f"{stem} runs in the browser in this session "
+                                                    f"({in_browser[stem]})"))

@@ -8,6 +8,9 @@ printed (``pytest tests/test_lessons.py -s``) so a slow drift shows before it fa
 Lessons hold their prose against each run with claim checks (``minengine.course.claims.check_claim``):
 a must-hold claim that fails prints ``claims.FAILED_MARKER``, and a lesson whose outputs contain it
 fails here — the text no longer says what the engine does.
+
+In a session that also runs the browser tests (Chromium present), a lesson whose browser test runs it
+whole is checked there instead, once (``tests/conftest.py``): the same checks and stricter ones.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def lesson02(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("02_roofline")
 def test_lesson_02_runs_clean_in_the_browser(lesson02: RanNotebook) -> None:
     check_clean("lesson 02", lesson02.finished, lesson02.cells)
     check_claims("lesson 02", lesson02.cells)

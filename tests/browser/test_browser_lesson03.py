@@ -40,6 +40,7 @@ def lesson03(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("03_measuring_latency")
 def test_lesson_03_runs_clean_in_the_browser(lesson03: RanNotebook) -> None:
     check_clean("lesson 03", lesson03.finished, lesson03.cells)
     check_claims("lesson 03", lesson03.cells)

@@ -41,6 +41,7 @@ def lesson04(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("04_kv_cache")
 def test_lesson_04_runs_clean_in_the_browser(lesson04: RanNotebook) -> None:
     check_clean("lesson 04", lesson04.finished, lesson04.cells)
     check_claims("lesson 04", lesson04.cells)

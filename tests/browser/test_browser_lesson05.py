@@ -41,6 +41,7 @@ def lesson05(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("05_batching")
 def test_lesson_05_runs_clean_in_the_browser(lesson05: RanNotebook) -> None:
     check_clean("lesson 05", lesson05.finished, lesson05.cells)
     check_claims("lesson 05", lesson05.cells)

@@ -39,6 +39,7 @@ def lesson06(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("06_chunked_prefill")
 def test_lesson_06_runs_clean_in_the_browser(lesson06: RanNotebook) -> None:
     check_clean("lesson 06", lesson06.finished, lesson06.cells)
     check_claims("lesson 06", lesson06.cells)

@@ -37,6 +37,7 @@ def lesson07(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 180)
+@pytest.mark.runs_lesson("07_prefix_caching")
 def test_lesson_07_runs_clean_and_its_widget_answers(lesson07: RanNotebook) -> None:
     check_clean("lesson 07", lesson07.finished, lesson07.cells)
     page = lesson07.page

@@ -41,6 +41,7 @@ def outputs_text(cells: list[dict], index: int) -> str:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 180)
+@pytest.mark.runs_lesson("08_streaming_serving")
 def test_lesson_08_runs_clean_stops_its_server_and_its_widget_answers(lesson08: RanNotebook) -> None:
     check_clean("lesson 08", lesson08.finished, lesson08.cells)
     page = lesson08.page

@@ -38,6 +38,7 @@ def lesson09(browser: Any, lab_server: Any) -> Iterator[RanNotebook]:
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("09_disaggregation_capacity")
 def test_lesson_09_runs_clean_in_the_browser(lesson09: RanNotebook) -> None:
     check_clean("lesson 09", lesson09.finished, lesson09.cells)
     check_claims("lesson 09", lesson09.cells)

@@ -30,6 +30,7 @@ from jlab_helpers import (
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("00_start_here")
 def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None:
     path = "lessons/00_start_here.ipynb"
     if not (lab_server.root / path).exists():
@@ -55,6 +56,7 @@ def test_lesson_00_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None
 
 
 @pytest.mark.timeout(RUN_ALL_S + 120)
+@pytest.mark.runs_lesson("01_two_phases")
 def test_lesson_01_runs_clean_in_the_browser(page: Any, lab_server: Any) -> None:
     path = "lessons/01_two_phases.ipynb"
     if not (lab_server.root / path).exists():
