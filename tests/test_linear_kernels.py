@@ -4,6 +4,7 @@ and the engine's greedy tokens are the same with either library on three model f
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -95,6 +96,41 @@ def test_the_rule_switches_only_for_a_clear_win() -> None:
     assert "linear layers:" in choice.describe()
     assert linear_kernels.choose(build_random_model(CFG, device="cpu", dtype=torch.bfloat16, seed=0)).kernel == "torch"
 
+
+
+def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
+    """The timings go into a file beside the kernels' build; a later process (here: a cleared cache)
+    decides from the file without timing anything; a damaged file is timed again."""
+    from minengine.models import cpu_kernels
+
+    if not cpu_kernels.load():
+        pytest.skip(f"the CPU kernels are not built here: {cpu_kernels.build_error()}")
+    path = tmp_path / cpu_kernels.TIMINGS_FILE
+    monkeypatch.setattr(linear_kernels, "_timings_path", lambda: path)
+    shape = (384, 96)
+    try:
+        linear_kernels._choose_for.cache_clear()
+        first = linear_kernels._choose_for(shape, 1)
+        assert json.loads(path.read_text()) == {"384x96@1": first.times}
+        timed: list[int] = []
+
+        def fake_timing(fn, repeats: int = 5) -> float:  # noqa: ANN001
+            timed.append(1)
+            return 1.0
+
+        monkeypatch.setattr(linear_kernels, "_median_time", fake_timing)
+        linear_kernels._choose_for.cache_clear()
+        assert linear_kernels._choose_for(shape, 1) == first and not timed  # read back, not re-timed
+        linear_kernels._choose_for.cache_clear()
+        other = linear_kernels._choose_for(shape, 2)  # another thread count is timed on its own
+        assert timed and (other.one_row, other.many_rows) == ("torch", "torch")
+        assert set(json.loads(path.read_text())) == {"384x96@1", "384x96@2"}
+        path.write_text("{not json")
+        timed.clear()
+        linear_kernels._choose_for.cache_clear()
+        assert linear_kernels._choose_for(shape, 1).times == {k: 1.0 for k in first.times} and timed
+    finally:
+        linear_kernels._choose_for.cache_clear()
 
 def test_config_checks_the_name() -> None:
     with pytest.raises(ValueError, match="linear_kernel"):

@@ -32,6 +32,7 @@ import torch
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
 ENV_DIR = "MINENGINE_KERNELS_DIR"  # where builds live; default ~/.cache/minengine/kernels
+TIMINGS_FILE = "linear_timings.json"  # linear_kernels' measurements, kept with the build they timed
 BUILD_HINT = "not built here: run `python -m minengine.models.cpu_kernels` (make setup does)"
 
 _state: dict[str, object] = {}  # "ok": bool once tried; "error": why not; "seconds": the load's time
@@ -85,6 +86,7 @@ def build(verbose: bool = False) -> bool:
         name, folder = _paths()
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "BUILT").unlink(missing_ok=True)
+        (folder / TIMINGS_FILE).unlink(missing_ok=True)  # a new build is timed afresh
         cflags, ldflags = _flags()
         compile_and_load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags,
                          build_directory=str(folder), is_python_module=False, verbose=verbose)
@@ -123,6 +125,12 @@ def load() -> bool:
         _state.update(ok=False, error=f"{type(e).__name__}: {e}")
     _state["seconds"] = time.perf_counter() - start
     return bool(_state["ok"])
+
+
+def build_folder() -> Path | None:
+    """The folder of the build in use (None when the kernels are not loaded): per-machine facts that go
+    with the build, such as the Linear layers' timings (``linear_kernels``), are kept there too."""
+    return _paths()[1] if load() else None
 
 
 def build_error() -> str | None:

@@ -12,16 +12,23 @@ than oneDNN on a decode step's matrices.
 
 ``choose`` times the candidates on a matrix of the model's largest weight shape when the engine starts,
 at one row (a batch-1 decode) and at 128 (prefill, batched decode), and replaces F.linear in a regime only
-where another kernel is ``MARGIN`` faster, so a CPU where they tie keeps torch's default. ``apply`` makes
+where another kernel is ``MARGIN`` faster, so a CPU where they tie keeps torch's default. The timings
+are kept with the kernels' build (``cpu_kernels.TIMINGS_FILE``, per shape and thread count), so they are
+measured once per machine, not in every process: at a real model's shape they took 1-2 s of each
+server's and notebook's start-up on 2 cores, and every engine on the machine now makes the same choice. ``apply`` makes
 every ``nn.Linear`` a ``KernelLinear``: the same module, whose forward picks the kernel by row count.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +130,9 @@ def choose_for_shape(shape: tuple[int, int]) -> KernelChoice:
 def _choose_for(shape: tuple[int, int], threads: int) -> KernelChoice:
     from minengine.models import cpu_kernels
 
+    saved = _load_timings(shape, threads)
+    if saved is not None:
+        return decide(saved)
     weight = torch.randn(shape)  # fresh memory: the model's own matrix may sit in cache from loading
     candidates = {"torch": lambda x: F.linear(x, weight), "onednn": lambda x: onednn_linear(x, weight, None)}
     if cpu_kernels.load():
@@ -134,7 +144,50 @@ def _choose_for(shape: tuple[int, int], threads: int) -> KernelChoice:
             for name, fn in candidates.items():
                 if rows == 1 or name != "gemv":
                     times[f"{name}@{rows}"] = _median_time(lambda fn=fn, x=x: fn(x))
+    _save_timings(shape, threads, times)
     return decide(times)
+
+
+def _timings_path() -> Path | None:
+    """Where this machine's timings live: beside the kernels' build (None without one: time each time)."""
+    from minengine.models import cpu_kernels
+
+    folder = cpu_kernels.build_folder()
+    return folder / cpu_kernels.TIMINGS_FILE if folder is not None else None
+
+
+def _timings_key(shape: tuple[int, int], threads: int) -> str:
+    return f"{shape[0]}x{shape[1]}@{threads}"
+
+
+def _load_timings(shape: tuple[int, int], threads: int) -> dict[str, float] | None:
+    path = _timings_path()
+    try:
+        saved = json.loads(path.read_text())[_timings_key(shape, threads)] if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    needed = {f"{k}@{r}" for r in (1, MANY_ROWS) for k in ("torch", "onednn", "gemv") if r == 1 or k != "gemv"}
+    ok = isinstance(saved, dict) and needed <= set(saved) and all(isinstance(saved[k], float) for k in needed)
+    return {k: saved[k] for k in needed} if ok else None
+
+
+def _save_timings(shape: tuple[int, int], threads: int, times: dict[str, float]) -> None:
+    """Add these timings to the file, atomically (two processes may time at once); quietly skipped when
+    the folder is read-only."""
+    path = _timings_path()
+    if path is None or "gemv@1" not in times:
+        return
+    try:
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[_timings_key(shape, threads)] = times
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            json.dump(table, tmp, indent=1)
+        os.replace(tmp.name, path)
+    except OSError:
+        pass
 
 
 def decide(times: dict[str, float]) -> KernelChoice:
