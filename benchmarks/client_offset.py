@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  {'client TTFT - server TTFT':40s} {offset:7.2f}")
     result = {"medians_ms": medians, "offset_ms": offset, "n": len(rows), "new_connection": args.new_connection}
     print(json.dumps(result))
+    result["rows_ms"] = [{k: v * 1e3 for k, v in r.items()} for r in rows]  # per request, for the tests
     return result
 
 

@@ -134,11 +134,15 @@ def test_client_offset_smoke() -> None:
     from benchmarks import client_offset
 
     result = client_offset.main(["--smoke"])
-    stages = result["medians_ms"]
-    assert result["n"] == 5 and all(v >= 0 for v in stages.values()), stages
-    # The stages tile the client's TTFT exactly (one clock, consecutive stamps).
-    parts = sum(v for k, v in stages.items() if k != "client TTFT")
-    assert parts == pytest.approx(stages["client TTFT"], rel=0.25)
+    assert result["n"] == len(result["rows_ms"]) == 5 and set(result["medians_ms"]) == set(result["rows_ms"][0])
+    # One clock across the two processes and the right handler stamp for each request: every stage of every
+    # request is a forward step in time, and each request's stages tile its client TTFT. (Comparing the
+    # *medians'* sum with the median TTFT is no check: over 5 requests on a busy machine they differed by
+    # 29 % in CI on 2026-12-02 with every request's stages in order.)
+    for row in result["rows_ms"]:
+        assert all(v >= 0 for v in row.values()), row
+        parts = sum(v for k, v in row.items() if k != "client TTFT")
+        assert parts == pytest.approx(row["client TTFT"], rel=1e-6, abs=1e-6), row
 
 
 def test_llamacpp_smoke() -> None:

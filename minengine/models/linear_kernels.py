@@ -12,11 +12,12 @@ than oneDNN on a decode step's matrices.
 
 ``choose`` times the candidates on a matrix of the model's largest weight shape when the engine starts,
 at one row (a batch-1 decode) and at 128 (prefill, batched decode), and replaces F.linear in a regime only
-where another kernel is ``MARGIN`` faster, so a CPU where they tie keeps torch's default. The timings
-are kept with the kernels' build (``cpu_kernels.TIMINGS_FILE``, per shape and thread count), so they are
-measured once per machine, not in every process: at a real model's shape they took 1-2 s of each
-server's and notebook's start-up on 2 cores, and every engine on the machine now makes the same choice. ``apply`` makes
+where another kernel is ``MARGIN`` faster, so a CPU where they tie keeps torch's default. ``apply`` makes
 every ``nn.Linear`` a ``KernelLinear``: the same module, whose forward picks the kernel by row count.
+
+The timings are kept with the kernels' build (``cpu_kernels.TIMINGS_FILE``, per shape and thread count),
+so they are measured once per machine, not in every process: at a real model's shape they took 1-2 s of
+each server's and notebook's start-up on 2 cores, and every engine on the machine makes the same choice.
 """
 
 from __future__ import annotations
