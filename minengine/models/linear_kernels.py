@@ -140,13 +140,17 @@ def _choose_for(shape: tuple[int, int], threads: int) -> KernelChoice:
         candidates["gemv"] = lambda x: _gemv(x, weight, None)
     times: dict[str, float] = {}
     with torch.inference_mode():
-        for rows in (1, MANY_ROWS):
+        for name, rows in _timed_cases(candidates):
             x = torch.randn(rows, shape[1])
-            for name, fn in candidates.items():
-                if rows == 1 or name != "gemv":
-                    times[f"{name}@{rows}"] = _median_time(lambda fn=fn, x=x: fn(x))
+            times[f"{name}@{rows}"] = _median_time(lambda fn=candidates[name], x=x: fn(x))
     _save_timings(shape, threads, times)
     return decide(times)
+
+
+def _timed_cases(kernels) -> list[tuple[str, int]]:  # noqa: ANN001
+    """(kernel, rows) pairs timed for a choice: every kernel at one row, the batched ones at many."""
+    return [(name, rows) for rows in (1, MANY_ROWS) for name in kernels
+            if rows == 1 or name in KERNELS]
 
 
 def _timings_path() -> Path | None:
@@ -167,7 +171,7 @@ def _load_timings(shape: tuple[int, int], threads: int) -> dict[str, float] | No
         saved = json.loads(path.read_text())[_timings_key(shape, threads)] if path else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    needed = {f"{k}@{r}" for r in (1, MANY_ROWS) for k in ("torch", "onednn", "gemv") if r == 1 or k != "gemv"}
+    needed = {f"{name}@{rows}" for name, rows in _timed_cases(ONE_ROW_KERNELS)}
     ok = isinstance(saved, dict) and needed <= set(saved) and all(isinstance(saved[k], float) for k in needed)
     return {k: saved[k] for k in needed} if ok else None
 
