@@ -120,6 +120,35 @@ def test_the_cpu_plan_picks_the_kernel_for_fp32_only() -> None:
         plan_fast_path(EngineConfig(attention_backend="cpp"), torch.device("cuda"))
 
 
+def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path, monkeypatch) -> None:
+    """Where builds go and are found: a shared environment (a hub's one venv, built by its administrator)
+    gives every user its build; a read-only one sends a build to the user's cache."""
+    env, cache = tmp_path / "venv", tmp_path / "xdg"
+    monkeypatch.delenv(cpu_kernels.ENV_DIR, raising=False)
+    monkeypatch.setattr(sys, "prefix", str(env))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    env_root, cache_root = env / "share" / "minengine" / "kernels", cache / "minengine" / "kernels"
+    assert cpu_kernels._roots() == [env_root, cache_root]
+    name, _ = cpu_kernels._paths()
+    assert cpu_kernels._paths(for_build=True) == (name, env_root / name)  # a writable environment: there
+    assert cpu_kernels._paths() == (name, cache_root / name)  # nothing built anywhere: the last place
+
+    def built(root):  # noqa: ANN001, ANN202
+        (root / name).mkdir(parents=True)
+        (root / name / "BUILT").write_text(f"{name}.so\n")
+
+    built(cache_root)  # e.g. built before, or by a user who cannot write to the environment
+    assert cpu_kernels._paths() == (name, cache_root / name)
+    built(env_root)
+    assert cpu_kernels._paths() == (name, env_root / name)  # the environment's build comes first
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
+    assert cpu_kernels._paths(for_build=True) == (name, cache_root / name)  # a read-only environment
+    monkeypatch.setenv(cpu_kernels.ENV_DIR, str(tmp_path / "mine"))
+    assert cpu_kernels._roots() == [tmp_path / "mine"]  # one folder, named: nothing else is looked at
+    assert cpu_kernels._paths() == cpu_kernels._paths(for_build=True) == (name, tmp_path / "mine" / name)
+
+
 @pytest.mark.parametrize("how", ["switched off", "not built"])
 def test_without_the_kernels_the_engine_runs_the_reference_path_quietly(tmp_path, how: str) -> None:
     code = ("import minengine, torch\n"

@@ -10,7 +10,9 @@
 
 How they are built: ``python -m minengine.models.cpu_kernels`` (``make setup`` and Binder's ``postBuild``
 run it) compiles the files with the machine's compiler through ``torch.utils.cpp_extension`` (~10-30 s
-on 2 cores) into ``~/.cache/minengine/kernels/`` (``MINENGINE_KERNELS_DIR`` moves it). The build is tuned
+on 2 cores) into the Python environment (``<sys.prefix>/share/minengine/kernels/``, so every user of a
+shared environment, such as a hub's students, loads the one build), or into ``~/.cache/minengine/kernels/``
+when the environment is read-only (``MINENGINE_KERNELS_DIR`` names one folder instead). The build is tuned
 to the CPU it runs on (``-march=native``), so its folder is named after a hash of that CPU's feature
 flags, the Python environment, torch and the sources. Engines only *load* a finished build (``load``),
 as ``torch.ops.minengine.*``; without one (no compiler, a changed source not rebuilt yet, a read-only
@@ -68,11 +70,31 @@ def _flags() -> tuple[list[str], list[str]]:
     return cflags, ldflags
 
 
-def _paths() -> tuple[str, Path]:
-    """The build's name and folder."""
+def _roots() -> list[Path]:
+    """Where builds live, in the order they are looked for: ``MINENGINE_KERNELS_DIR`` alone when it is
+    set; else the Python environment's own folder (everyone who runs that environment reads a build made
+    there: a hub's students use the one its administrator's ``make setup`` made), then the user's cache
+    (for an environment the user cannot write to)."""
+    if os.environ.get(ENV_DIR):
+        return [Path(os.environ[ENV_DIR])]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    root = Path(os.environ.get(ENV_DIR) or os.path.join(cache, "minengine", "kernels"))
+    return [Path(sys.prefix) / "share" / "minengine" / "kernels", Path(cache) / "minengine" / "kernels"]
+
+
+def _writable(folder: Path) -> bool:
+    """Could this process create files in ``folder`` (its nearest existing ancestor, if not there yet)?"""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _paths(for_build: bool = False) -> tuple[str, Path]:
+    """The build's name and folder: the first root that holds a finished build (to load), or the first
+    one this process can write to (to build; the last root if none)."""
     name = f"minengine_cpu_kernels_{_build_tag()}"
+    roots = _roots()
+    wanted = _writable if for_build else (lambda root: (root / name / "BUILT").is_file())
+    root = next((r for r in roots if wanted(r)), roots[-1])
     return name, root / name
 
 
@@ -83,7 +105,7 @@ def build(verbose: bool = False) -> bool:
     try:
         from torch.utils.cpp_extension import load as compile_and_load
 
-        name, folder = _paths()
+        name, folder = _paths(for_build=True)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "BUILT").unlink(missing_ok=True)
         (folder / TIMINGS_FILE).unlink(missing_ok=True)  # a new build is timed afresh
@@ -180,5 +202,5 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 if __name__ == "__main__":  # `python -m minengine.models.cpu_kernels`: build now (make setup runs this)
     if not load():
         build(verbose="-v" in sys.argv)
-    print(describe())
+    print(describe() + (f"; build in {build_folder()}" if _state.get("ok") else ""))
     sys.exit(0)  # a failed build is not an error: the reference path runs
