@@ -71,28 +71,29 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def machine_line() -> str:
+def machine_line(linear_shape: tuple[int, int] = (32000, 768)) -> str:
     """The run's machine, with the math library minengine's ``F.linear`` GEMVs go to (MKL, OpenBLAS...):
     the same call gets different kernels on different CPUs (lesson 02, section 3b), so it is part of the
-    machine a figure belongs to."""
+    machine a figure belongs to; and which Linear kernels an engine picks for a matrix of
+    ``linear_shape`` (the benchmark's model's largest: llama-100m's by default)."""
     m = machine_info()
     load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
     return (f"machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads, "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; "
-            f"linear kernels: {blas_line().replace('; ', ', ')}; {_decode_attention()}; load average {load}; "
+            f"linear kernels: {blas_line().replace('; ', ', ')}; {_decode_attention(linear_shape)}; load average {load}; "
             f"{m['date']}")
 
 
-def _decode_attention() -> str:
-    """Which kernels a CPU fp32 engine runs here: decode attention (the C++ kernel builds on first use),
-    and the Linear layers' choice for a 32000 x 768 matrix (llama-100m's largest; engines decide per shape)."""
+def _decode_attention(shape: tuple[int, int]) -> str:
+    """Which kernels a CPU fp32 engine runs here: decode attention (the C++ kernel, when built) and the
+    Linear layers' choice for a matrix of this [out, in] shape (engines decide per shape)."""
     from minengine.models import cpu_kernels, linear_kernels
 
     cpu_kernels.load()
     line = cpu_kernels.describe().split(" (")[0]
     if linear_kernels.onednn_available():
-        choice = linear_kernels.choose_for_shape((32000, 768))
-        line += "; " + choice.describe().replace("linear layers:", "linear layers (32000 x 768):")
+        choice = linear_kernels.choose_for_shape(shape)
+        line += "; " + choice.describe().replace("linear layers:", f"linear layers ({shape[0]} x {shape[1]}):")
     return line
 
 

@@ -56,12 +56,30 @@ SDIST_SPEC = "llama-cpp-python==0.3.36"  # the llama.cpp it vendors is the yards
 TOOLS = ("llama-bench", "llama-server", "llama-quantize")
 # Not GGML_NATIVE: on a Xeon with AMX, -march=native compiles ggml's AMX matmuls, and here (a VM) their
 # first tile load dies with SIGILL in a worker thread (the kernel grants AMX state per process only on
-# request). So: every AVX-512 extension, AMX off. Decode is bandwidth-bound, so this costs llama.cpp
-# little there; its prefill may be slower than with AMX (torch's bf16 path does use AMX).
-CPU_FLAGS = ["-DGGML_NATIVE=OFF", *(f"-DGGML_{f}=ON" for f in ("AVX", "AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512",
-             "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16")), "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-             "-DGGML_AMX_BF16=OFF"] if platform.machine() in ("x86_64", "AMD64") else ["-DGGML_NATIVE=ON"]
+# request). So: the instruction sets this CPU lists in /proc/cpuinfo, AMX off. (Switching all of them on
+# regardless died with SIGILL in llama-bench on an AMD EPYC, which has AVX-512 VNNI but not the 256-bit
+# AVX-VNNI.) Decode is bandwidth-bound, so AMX costs llama.cpp little there; its prefill may be slower
+# than with AMX (torch's bf16 path does use AMX).
+GGML_ISA = {"AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX_VNNI": "avx_vnni",
+            "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni",
+            "AVX512_BF16": "avx512_bf16"}  # ggml's switch -> the /proc/cpuinfo flag it needs
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """cmake switches for ggml's CPU backend on this machine (``cpuinfo``: /proc/cpuinfo's text, read here
+    when not given)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["-DGGML_NATIVE=ON"]
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+        have = set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        have = {"avx", "avx2", "fma", "f16c"}  # not Linux: the x86-64 baseline of the last decade
+    return ["-DGGML_NATIVE=OFF", *(f"-DGGML_{switch}={'ON' if flag in have else 'OFF'}"
+                                   for switch, flag in GGML_ISA.items()),
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 MODEL = "smollm2-135m"
+SMOLLM2_LARGEST = (49152, 576)  # its tied embedding / LM head: the matrix the machine line's kernel choice is for
 CHAT_PROMPTS = ["What is the capital of France?", "Give me three tips for sleeping well.",
                 "Explain what a CPU cache is in one paragraph."]
 
@@ -79,10 +97,10 @@ def build() -> None:
     if not src.exists():
         with tarfile.open(sdists[-1]) as tar:
             tar.extractall(OUT, filter="data")
-    if not (BUILD / "build.ninja").exists() and not (BUILD / "Makefile").exists():
-        subprocess.run(["cmake", "-S", str(src), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", *CPU_FLAGS,
-                        "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    # configured every time (seconds): a build configured with other switches is brought up to date
+    subprocess.run(["cmake", "-S", str(src), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", *cpu_flags(),
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2), "--target", *TOOLS],
                    check=True)
 
@@ -97,7 +115,7 @@ def build_python_server() -> Path:
         if not sdist:
             build()  # fetches the sdist
             sdist = sorted((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))
-        env = {**os.environ, "CMAKE_ARGS": " ".join([*CPU_FLAGS, "-DLLAMA_CURL=OFF"]),
+        env = {**os.environ, "CMAKE_ARGS": " ".join([*cpu_flags(), "-DLLAMA_CURL=OFF"]),
                "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
         subprocess.run([str(python), "-m", "pip", "install", f"{sdist[-1]}[server]"], check=True, env=env)
     return python
@@ -276,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     from minengine.perf.measure import measure_read_bandwidth
 
-    print(common.machine_line())
+    print(common.machine_line(SMOLLM2_LARGEST))
     if args.build:
         build()
     if args.build_python:
@@ -285,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--python-server needs llama-cpp-python in {PYVENV}: run with --build-python first")
     bandwidth = measure_read_bandwidth("cpu")
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
-    results: dict[str, Any] = {"bandwidth_gb_s": bandwidth / 1e9, "machine": common.machine_line()}
+    results: dict[str, Any] = {"bandwidth_gb_s": bandwidth / 1e9, "machine": common.machine_line(SMOLLM2_LARGEST)}
     dtypes = ["float32"] if args.smoke else ["float32", "bfloat16"]
     for dtype in dtypes:
         r = minengine_single(dtype, args.threads, 8 if args.smoke else args.gen)

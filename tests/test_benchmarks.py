@@ -156,6 +156,21 @@ def test_llamacpp_smoke() -> None:
     assert 500e6 < r["weight_bytes"] < 600e6  # SmolLM2-135M in fp32, the tied LM head counted once
 
 
+def test_llamacpp_builds_only_the_instruction_sets_the_cpu_lists() -> None:
+    # Switching every x86 extension on made llama-bench die with SIGILL on an AMD EPYC (AVX-512 VNNI, but
+    # not the 256-bit AVX-VNNI); AMX stays off everywhere (SIGILL in a VM on the Xeon).
+    import platform
+
+    from benchmarks import llamacpp
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 switches only")
+    flags = llamacpp.cpu_flags("processor : 0\nflags : fpu avx avx2 fma f16c avx512f avx512_vnni avx512_bf16\n")
+    assert "-DGGML_AVX512_VNNI=ON" in flags and "-DGGML_AVX512_BF16=ON" in flags and "-DGGML_AVX2=ON" in flags
+    assert "-DGGML_AVX_VNNI=OFF" in flags and "-DGGML_AVX512_VBMI=OFF" in flags
+    assert "-DGGML_NATIVE=OFF" in flags and all(f.endswith("=OFF") for f in flags if "AMX" in f)
+
+
 def test_with_tree_runs_a_script_against_another_checkout(tmp_path):
     # A copy of the package under another folder: the script must import that copy, not the editable one.
     import shutil
