@@ -155,10 +155,10 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
     q/k/v and gate/up as separate GEMVs on row views of the fused matrices (plus one ``cat``, so the
     saving is slightly overstated), RMSNorm as its six textbook ops. The "skipped" variants compute wrong
     tokens; their saving is an upper bound on what a faster version of that part could save.
-    With ``overhead`` every ``F.linear`` returns a preallocated output of the right shape instead of
+    With ``overhead`` every Linear kernel returns a preallocated output of the right shape instead of
     computing it: what is left is the step without the weight GEMVs' arithmetic (a probe, wrong tokens),
     where a few microseconds per small op show above the noise of a shared machine's memory bandwidth.
-    Patches ``minengine.models.llama`` (and ``F.linear``) for the duration (restored after).
+    Patches ``minengine.models.llama`` (and the Linear kernels) for the duration (restored after).
     """
     import torch.nn.functional as F
 
@@ -181,10 +181,25 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         dtype, x = x.dtype, x.float()
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(dtype)
 
+    def torch_rms(self: Any, x: torch.Tensor) -> torch.Tensor:  # ~7 ATen ops on a CPU (llama.RMSNorm's doc)
+        if x.dtype != torch.float32:
+            return shipped["RMSNorm.forward"](self, x)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+
+    def linear(module: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """What ``module`` (a fused Linear) would run for x, on the rows ``w`` of its matrix."""
+        from minengine.models import linear_kernels
+
+        kernel = getattr(module, "one_row" if x.shape[0] == 1 else "many_rows", "torch")
+        if kernel == "gemv" and x.dim() == 2:
+            return linear_kernels._gemv(x, w, b)
+        return linear_kernels.onednn_linear(x, w, b) if kernel == "onednn" else F.linear(x, w, b)
+
     def unfused_attention(self: Any, x: torch.Tensor, rope: Any, rotary_emb: Any, meta: Any, cache: Any) -> Any:
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
         cuts = (0, self.q_size, self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
-        q, k, v = (F.linear(x, w[i:j], None if b is None else b[i:j]) for i, j in zip(cuts, cuts[1:], strict=False))
+        q, k, v = (linear(self.qkv_proj, x, w[i:j], None if b is None else b[i:j])
+                   for i, j in zip(cuts, cuts[1:], strict=False))
         n = x.shape[0]
         qk = torch.cat((q, k), -1).view(n, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = rotary_emb(rope, qk, self.num_heads)
@@ -195,8 +210,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
     def unfused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
         w, b = self.gate_up_proj.weight, self.gate_up_proj.bias
         half = w.shape[0] // 2
-        gate = F.linear(x, w[:half], None if b is None else b[:half])
-        up = F.linear(x, w[half:], None if b is None else b[half:])
+        gate = linear(self.gate_up_proj, x, w[:half], None if b is None else b[:half])
+        up = linear(self.gate_up_proj, x, w[half:], None if b is None else b[half:])
         return self.down_proj(F.silu(gate) * up)
 
     def per_layer_rope_model(self: Any, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
@@ -223,6 +238,7 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         "q/k/v and gate/up as 5 GEMVs (before)": {"LlamaAttention.forward": unfused_attention,
                                                   "LlamaMLP.forward": unfused_mlp},
         "RMSNorm as 6 ops (before)": {"RMSNorm.forward": textbook_rms},
+        "RMSNorm as F.rms_norm, not the C++ call (before)": {"RMSNorm.forward": torch_rms},
         "RoPE looked up per layer, q and k apart (before)": {"LlamaModel.forward": per_layer_rope_model,
                                                             "RotaryEmbedding.forward": per_layer_rope},
         "attention skipped": {"paged_attention": lambda q, *a, **k: q},
@@ -237,8 +253,13 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
             outputs[key] = 0.1 * torch.randn(*x.shape[:-1], w.shape[0], dtype=x.dtype)
         return outputs[key]
 
-    if overhead:
+    from minengine.models import linear_kernels
+
+    kernels = {name: getattr(linear_kernels, name) for name in ("_gemv", "onednn_linear")}
+    if overhead:  # every Linear kernel the engine may call: F.linear, the GEMV, oneDNN
         F.linear = no_arithmetic
+        for name in kernels:
+            setattr(linear_kernels, name, no_arithmetic)
     try:
         for r in range(rounds):
             for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
@@ -247,6 +268,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
                 times[name].append(common.median(mine()))
     finally:
         F.linear = real_linear
+        for name, fn in kernels.items():
+            setattr(linear_kernels, name, fn)
         for part, fn in shipped.items():
             put(part, fn)
     return {name: common.median(t) for name, t in times.items()}

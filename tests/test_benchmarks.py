@@ -41,6 +41,20 @@ def test_decode_floor_smoke(tmp_path: Path) -> None:
     assert out.is_file() and '"machine"' in out.read_text()
 
 
+def test_decode_floor_breakdown_smoke() -> None:
+    # Every variant runs, and every patched part (the model's methods, F.linear, the Linear kernels) is put back.
+    import torch.nn.functional as F
+
+    from benchmarks import decode_floor
+    from minengine.models import linear_kernels, llama
+
+    before = (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward)
+    (r,) = decode_floor.main(["--smoke", "--breakdown", "--overhead"])
+    assert len(r["breakdown"]) == 7 and all(t > 0 for t in r["breakdown"].values())
+    assert "RMSNorm as F.rms_norm, not the C++ call (before)" in r["breakdown"]
+    assert (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward) == before
+
+
 def test_throughput_smoke() -> None:
     from benchmarks import throughput
 

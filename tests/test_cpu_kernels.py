@@ -120,6 +120,46 @@ def test_the_cpu_plan_picks_the_kernel_for_fp32_only() -> None:
         plan_fast_path(EngineConfig(attention_backend="cpp"), torch.device("cuda"))
 
 
+@pytest.mark.parametrize("shape", [(1, 768), (64, 576), (5, 100), (3, 7, 64), (0, 32)])
+def test_rms_norm_kernel_gives_f_rms_norm_to_float_rounding(shape: tuple[int, ...]) -> None:
+    """One call of csrc/rms_norm.cpp against F.rms_norm (which gives HF's formula bit for bit here): only
+    the order of the sum of squares differs, so a few ulps at most; a non-contiguous input too."""
+    torch.manual_seed(0)
+    x, w = torch.randn(shape) * 3, torch.randn(shape[-1])
+    ref = torch.nn.functional.rms_norm(x, (shape[-1],), w, 1e-6)
+    got = torch.ops.minengine.rms_norm(x, w, 1e-6)
+    assert got.shape == ref.shape and got.is_contiguous()
+    torch.testing.assert_close(got, ref, rtol=4e-7, atol=4e-6)
+    if x.dim() == 3:  # a strided view (Qwen3 normalises the query heads of a fused q/k/v output)
+        view = torch.randn(shape[0], 2 * shape[1], shape[2]).split(shape[1], 1)[1]
+        assert not view.is_contiguous()
+        torch.testing.assert_close(torch.ops.minengine.rms_norm(view, w, 1e-6),
+                                   torch.nn.functional.rms_norm(view, (shape[-1],), w, 1e-6), rtol=4e-7, atol=4e-6)
+
+
+def test_rms_norm_kernel_errors_are_readable() -> None:
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.minengine.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(RuntimeError, match="weight of D floats"):
+        torch.ops.minengine.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
+
+
+def test_the_engine_runs_its_norms_through_the_kernel_on_a_cpu_in_fp32(hf_model_dir) -> None:
+    from minengine.models.llama import RMSNorm
+
+    llm = LLM(hf_model_dir("qwen3"), max_model_len=64, num_blocks=16, block_size=4)
+    norms = [m for m in llm.llm_engine.model.modules() if isinstance(m, RMSNorm)]
+    assert llm.llm_engine.norm_kernel and len(norms) > 3 and all(m.use_kernel for m in norms)  # q/k norms too
+    norm = llm.llm_engine.model.model.norm
+    x = torch.randn(3, norm.weight.shape[0])
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), torch.nn.functional.rms_norm(
+            x, (x.shape[-1],), norm.weight, norm.variance_epsilon), rtol=4e-7, atol=4e-6)
+    with torch.enable_grad():  # training falls back to F.rms_norm: the kernel has no backward
+        norm(x.requires_grad_()).square().sum().backward()
+        assert x.grad is not None and x.grad.abs().sum() > 0
+
+
 def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path, monkeypatch) -> None:
     """Where builds go and are found: a shared environment (a hub's one venv, built by its administrator)
     gives every user its build; a read-only one sends a build to the user's cache."""

@@ -73,6 +73,7 @@ class LLMEngine:
         )
 
         self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel)
+        self.norm_kernel = _use_norm_kernel(model)  # True: the RMSNorms call csrc/rms_norm.cpp
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
         plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
         self.kv_cache = PagedKVCache.allocate(
@@ -276,6 +277,18 @@ def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+def _use_norm_kernel(model: torch.nn.Module) -> bool:
+    """On a CPU in fp32 with the C++ kernels built, every RMSNorm runs as one call (``RMSNorm``'s doc)."""
+    from minengine.models import cpu_kernels
+    from minengine.models.llama import RMSNorm
+
+    use = model.device.type == "cpu" and model.dtype == torch.float32 and cpu_kernels.load()
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.use_kernel = use
+    return use
 
 
 def _pick_linear_kernel(model: torch.nn.Module, asked: str | None) -> linear_kernels.KernelChoice:

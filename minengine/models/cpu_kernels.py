@@ -7,6 +7,7 @@
   43 ms per step of 12 layers instead of 111 (``benchmarks/attention_decode.py``).
 - ``gemv.cpp``: a batch-1 linear layer that keeps every core streaming the weights.
 - ``onednn_linear.cpp``: oneDNN's linear as an op a compiled graph can call (``linear_kernels.py``).
+- ``rms_norm.cpp``: RMSNorm in one call, where ``F.rms_norm`` runs about seven small ops (``RMSNorm``).
 
 How they are built: ``python -m minengine.models.cpu_kernels`` (``make setup`` and Binder's ``postBuild``
 run it) compiles the files with the machine's compiler through ``torch.utils.cpp_extension`` (~10-30 s
@@ -31,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name
+           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
 ENV_DIR = "MINENGINE_KERNELS_DIR"  # where builds live; default ~/.cache/minengine/kernels
 TIMINGS_FILE = "linear_timings.json"  # linear_kernels' measurements, kept with the build they timed
@@ -185,6 +187,10 @@ def _register_fake() -> None:
     @torch.library.register_fake("minengine::gemv")
     def _gemv(x, weight, bias):  # noqa: ANN001, ANN202
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("minengine::rms_norm")
+    def _rms_norm(x, weight, eps):  # noqa: ANN001, ANN202
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     _register_fake.done = True  # type: ignore[attr-defined]
 

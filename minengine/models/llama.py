@@ -32,10 +32,15 @@ from minengine.models.paged_decode import DecodeTensors
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 and cast back before the weight multiply, like HF.
 
-    One fused ``F.rms_norm`` instead of the 6 ops of the textbook formula (a decode step runs 25 of
+    One ``F.rms_norm`` call instead of the 6 ops of the textbook formula (a decode step runs 25 of
     these; each small op costs microseconds of dispatch on a CPU). In fp32 the weight goes into the same
     call; in bf16/fp16 the weight multiply stays outside, in the model's dtype, exactly as HF rounds it.
+    On a CPU, ``F.rms_norm`` itself still runs as about seven ATen ops, so an engine in fp32 with the C++
+    kernels built sets ``use_kernel``: one call of ``csrc/rms_norm.cpp`` instead (the same formula; a
+    compiled graph keeps ``F.rms_norm``, which inductor fuses anyway).
     """
+
+    use_kernel: bool = False
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -45,6 +50,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (x.shape[-1],)
         if x.dtype == torch.float32:
+            if self.use_kernel and not torch.compiler.is_compiling() and not (
+                    torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):  # no backward
+                return torch.ops.minengine.rms_norm(x, self.weight, self.variance_epsilon)
             return F.rms_norm(x, shape, self.weight, self.variance_epsilon)
         return self.weight * F.rms_norm(x.float(), shape, None, self.variance_epsilon).to(x.dtype)
 
