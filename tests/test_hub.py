@@ -189,6 +189,20 @@ def test_students_have_no_instructor_tools_on_the_server(hub: Hub) -> None:
     assert hub.server(INSTRUCTOR, "GET", "/formgrader", follow_redirects=False).status_code in (200, 302)
 
 
+def test_students_load_the_cpu_kernels_built_into_the_course_environment(hub: Hub) -> None:
+    # make setup (run by the department as root) builds them into the shared .venv; a student's engine must
+    # load that build, not fall back quietly to the reference paths for want of a build of their own.
+    from minengine.models import cpu_kernels
+
+    folder = cpu_kernels.build_folder()
+    if folder is None or not folder.is_relative_to(Path(sys.prefix)):
+        pytest.skip(f"the kernels are not built into the course's environment here ({folder or cpu_kernels.build_error()})")
+    student = next(iter(STUDENTS))
+    done = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c",
+                      "from minengine.models import cpu_kernels as k; print(k.load(), k.build_folder())")
+    assert done.stdout.split() == ["True", str(folder)], done.stdout + done.stderr
+
+
 @pytest.mark.browser
 def test_one_student_fetches_and_submits_in_the_browser(hub: Hub, released: dict[str, Any]) -> None:
     from hub_browser import student_flow_in_browser
