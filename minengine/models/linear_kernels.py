@@ -28,6 +28,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def _choose_for(shape: tuple[int, int], threads: int) -> KernelChoice:
     return decide(times)
 
 
-def _timed_cases(kernels) -> list[tuple[str, int]]:  # noqa: ANN001
+def _timed_cases(kernels: Iterable[str]) -> list[tuple[str, int]]:
     """(kernel, rows) pairs timed for a choice: every kernel at one row, the batched ones at many."""
     return [(name, rows) for rows in (1, MANY_ROWS) for name in kernels
             if rows == 1 or name in KERNELS]

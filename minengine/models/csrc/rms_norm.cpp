@@ -2,8 +2,8 @@
 //
 // Why: F.rms_norm on a CPU runs as about seven ATen ops (square, mean, add, rsqrt, two multiplies and
 // their allocations): ~10 us for one row of 768 floats, where the arithmetic is well under one. A
-// batch-1 decode step runs two norms per layer and one at the end, so on a 12-layer model they cost ~4 %
-// of the step (measured by swapping a one-call norm in, AMD EPYC, 2 threads).
+// batch-1 decode step runs two norms per layer and one at the end: on a 12-layer model this call saved
+// 1-3.5 % of the step (benchmarks/RESULTS.md §1, AMD EPYC, 2 threads).
 //
 // Same arithmetic as Hugging Face's LlamaRMSNorm in fp32: y = w * (x * rsqrt(mean(x^2) + eps)), the two
 // multiplies in that order; only the order in which the squares are summed differs (float rounding).
