@@ -35,7 +35,7 @@ import torch
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
-ENV_DIR = "MINENGINE_KERNELS_DIR"  # where builds live; default ~/.cache/minengine/kernels
+ENV_DIR = "MINENGINE_KERNELS_DIR"  # one folder for builds, instead of the environment's, then ~/.cache (_roots)
 TIMINGS_FILE = "linear_timings.json"  # linear_kernels' measurements, kept with the build they timed
 BUILD_HINT = "not built here: run `python -m minengine.models.cpu_kernels` (make setup does)"
 
