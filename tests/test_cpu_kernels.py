@@ -124,6 +124,7 @@ def test_the_cpu_plan_picks_the_kernel_for_fp32_only() -> None:
 def test_rms_norm_kernel_gives_f_rms_norm_to_float_rounding(shape: tuple[int, ...]) -> None:
     """One call of csrc/rms_norm.cpp against F.rms_norm (which gives HF's formula bit for bit here): only
     the order of the sum of squares differs, so a few ulps at most; a non-contiguous input too."""
+    assert cpu_kernels.load(), cpu_kernels.build_error()  # registers torch.ops.minengine.*
     torch.manual_seed(0)
     x, w = torch.randn(shape) * 3, torch.randn(shape[-1])
     ref = torch.nn.functional.rms_norm(x, (shape[-1],), w, 1e-6)
@@ -138,6 +139,7 @@ def test_rms_norm_kernel_gives_f_rms_norm_to_float_rounding(shape: tuple[int, ..
 
 
 def test_rms_norm_kernel_errors_are_readable() -> None:
+    assert cpu_kernels.load(), cpu_kernels.build_error()
     with pytest.raises(RuntimeError, match="float32 only"):
         torch.ops.minengine.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16), 1e-6)
     with pytest.raises(RuntimeError, match="weight of D floats"):
