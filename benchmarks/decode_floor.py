@@ -188,12 +188,7 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
 
     def linear(module: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """What ``module`` (a fused Linear) would run for x, on the rows ``w`` of its matrix."""
-        from minengine.models import linear_kernels
-
-        kernel = getattr(module, "one_row" if x.shape[0] == 1 else "many_rows", "torch")
-        if kernel == "gemv" and x.dim() == 2:
-            return linear_kernels._gemv(x, w, b)
-        return linear_kernels.onednn_linear(x, w, b) if kernel == "onednn" else F.linear(x, w, b)
+        return module.run(x, w, b) if hasattr(module, "run") else F.linear(x, w, b)  # KernelLinear.run
 
     def unfused_attention(self: Any, x: torch.Tensor, rope: Any, rotary_emb: Any, meta: Any, cache: Any) -> Any:
         w, b = self.qkv_proj.weight, self.qkv_proj.bias

@@ -69,14 +69,20 @@ class KernelLinear(nn.Linear):
     many_rows: str = "torch"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = self.one_row if x.shape[0] == 1 else self.many_rows
-        if kernel == "torch" or (torch.is_grad_enabled() and self.weight.requires_grad):
+        if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)
+        return self.run(x, self.weight, self.bias)
+
+    def run(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x times ``weight`` (this layer's matrix, or some of its rows) with the kernel chosen for x's rows."""
+        kernel = self.one_row if x.shape[0] == 1 else self.many_rows
+        if kernel == "torch":
+            return F.linear(x, weight, bias)
         if kernel == "gemv" and x.dim() == 2:
-            return _gemv(x, self.weight, self.bias)
+            return _gemv(x, weight, bias)
         if torch.compiler.is_compiling():
-            return _compiled_onednn(x, self.weight, self.bias)
-        return onednn_linear(x, self.weight, self.bias)
+            return _compiled_onednn(x, weight, bias)
+        return onednn_linear(x, weight, bias)
 
 
 @dataclass
