@@ -47,6 +47,25 @@ def test_continuous_needs_fewer_steps_and_gives_the_same_tokens(pair: dict[str, 
     assert isinstance(st.config.policy, bl.StaticBatchPolicy) and co.config.policy == "decode_first"
 
 
+def test_repeats_keep_the_fastest_run(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = bl.spread_workload(4, seed=3, output=(2, 8))
+    real, walls, seen = bl.offline_run, iter([0.3, 0.1, 0.2]), []
+
+    def scripted_wall(llm: Any, w: bl.OfflineWork) -> tuple[list[list[int]], Any]:
+        tokens, run = real(llm, w)
+        seen.append((llm, tokens))
+        run.wall = next(walls)  # as if other programs had slowed the first and last runs
+        return tokens, run
+
+    monkeypatch.setattr(bl, "offline_run", scripted_wall)
+    point = bl.run_batching(model, work, 2, static=False, repeats=3)
+    assert point.wall == 0.1 and point.tokens == seen[1][1]
+    assert len({id(llm) for llm, _ in seen}) == 3  # a fresh engine each time: no warm prefix cache
+    assert seen[0][1] == seen[1][1] == seen[2][1]  # greedy: the same tokens every run
+    with pytest.raises(ValueError, match="repeats"):
+        bl.run_batching(model, work, 2, static=False, repeats=0)
+
+
 def test_occupancy_counts_empty_slots() -> None:
     steps = [StepRecord(i, i, i + 1, num_running=n, num_waiting=w) for i, (n, w) in enumerate([(4, 2), (2, 2), (1, 0)])]
     occ = bl.occupancy(steps, 4)

@@ -160,16 +160,30 @@ class BatchingPoint:
         return self.summary.total_output_tokens / self.wall
 
 
-def run_batching(model: Any, work: OfflineWork, batch: int, static: bool, label: str = "") -> BatchingPoint:
-    """Build an engine for ``model`` (a loaded model) and run the offline work through it."""
+def run_batching(model: Any, work: OfflineWork, batch: int, static: bool, label: str = "",
+                 repeats: int = 1) -> BatchingPoint:
+    """Build an engine for ``model`` (a loaded model) and run the offline work through it.
+
+    With ``repeats`` > 1 the work runs that many times, each on a fresh engine, and the fastest run is
+    kept: other programs on a laptop (or a browser beside the notebook) slow some runs down, never
+    speed one up, so the fastest is the closest to what the engine itself costs. Greedy tokens are the
+    same every time.
+    """
     from minengine.engine.llm import LLM
 
-    llm = LLM(model, **batching_options(batch, static, work.max_prompt,
-                                        num_blocks=blocks_for(batch, work.max_total)))
-    tokens, run = offline_run(llm, work)
-    return BatchingPoint(label or ("static" if static else "continuous"), batch,
-                         summarize(run.requests, run.steps), occupancy(run.steps, batch), run.wall, tokens,
-                         run.steps, llm.config)
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    best: BatchingPoint | None = None
+    for _ in range(repeats):
+        llm = LLM(model, **batching_options(batch, static, work.max_prompt,
+                                            num_blocks=blocks_for(batch, work.max_total)))
+        tokens, run = offline_run(llm, work)
+        if best is None or run.wall < best.wall:
+            best = BatchingPoint(label or ("static" if static else "continuous"), batch,
+                                 summarize(run.requests, run.steps), occupancy(run.steps, batch), run.wall,
+                                 tokens, run.steps, llm.config)
+    assert best is not None
+    return best
 
 
 # ------------------------------------------------------------------------------------- preemption

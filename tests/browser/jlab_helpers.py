@@ -282,7 +282,9 @@ def check_claims(name: str, cells: list[dict]) -> None:
 
     text = stream_text(cells)
     assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
-    assert FAILED_MARKER not in text, f"{name}: a must-hold claim failed in the browser run"
+    lines = text.splitlines()  # a failed claim's line, then the line that says why it may differ
+    failed = ["\n".join(lines[i:i + 2]) for i, line in enumerate(lines) if line.startswith(FAILED_MARKER)]
+    assert not failed, f"{name}: a must-hold claim failed in the browser run:\n" + "\n".join(failed)
 
 
 def show_output(page: Any, index: int) -> None:
