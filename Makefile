@@ -27,7 +27,7 @@ GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assi
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test test-browser browser setup kernels lint clean-venv help release autograde feedback export validate grade
+.PHONY: course test test-browser browser setup kernels models lint clean-venv help release autograde feedback export validate grade
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
@@ -39,7 +39,7 @@ help:
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
 	@echo "make book     the course as a static HTML site with the lessons' outputs (build/book/_build/html/)"
 
-setup: $(STAMP) kernels
+setup: $(STAMP) kernels models
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,14 +59,20 @@ $(STAMP): pyproject.toml
 kernels: $(STAMP)
 	@$(PY) -m minengine.models.cpu_kernels
 
-course: $(STAMP) kernels
+# SmolLM2-135M converted from its package's GGUF file into the environment (.venv/share/minengine/gguf/),
+# once, for every user of this environment (a hub's students included): ~10 s and ~540 MB here, instead
+# of in each user's first lesson cell and home folder. Idempotent: a second run converts nothing.
+models: $(STAMP)
+	@$(PY) -m minengine.models.gguf_cache
+
+course: $(STAMP) kernels models
 	$(PY) -m minengine.course open $(ARGS)
 
-test: $(STAMP) kernels browser
+test: $(STAMP) kernels models browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
-test-browser: $(STAMP) kernels browser
+test-browser: $(STAMP) kernels models browser
 	$(PY) -m pytest -m browser tests/browser $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests, when we are root with apt-get and it is missing (quiet,
@@ -98,7 +104,7 @@ grade: $(STAMP) kernels
 # `make test` leaves in build/executed/lessons/ (lessons without one are run here first), a landing page
 # and the labs' student versions. Open build/book/_build/html/index.html from disk or serve the folder.
 .PHONY: book
-book: $(STAMP) kernels
+book: $(STAMP) kernels models
 	$(PY) -m minengine.course.book
 
 lint: $(STAMP)
@@ -111,6 +117,6 @@ clean-venv:
 # instructor and students as local users (needs root, useradd, node), the exchange, and the 30-student load
 # test that `make test` skips (MINENGINE_HUB_LOAD=1 turns it on).
 .PHONY: test-hub
-test-hub: $(STAMP) kernels browser
+test-hub: $(STAMP) kernels models browser
 	sh deploy/jupyterhub/install_proxy.sh
 	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py tests/browser/test_browser_hub.py -v $(PYTEST_ARGS)

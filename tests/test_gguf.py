@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -223,6 +224,60 @@ def test_second_load_reuses_the_cache_and_a_changed_file_gets_a_new_one(tmp_path
     with pytest.raises(AssertionError, match="converted again"):
         resolve_model_path(path)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".converting-")]
+
+
+def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_cache(tmp_path, monkeypatch, capsys):
+    """make setup converts the packaged model into the environment (a hub's one venv) for every user; a
+    file only one user loads goes to that user's cache; a read-only environment says so, never half-writes."""
+    from minengine.models import gguf_cache, loader
+
+    env, xdg = tmp_path / "venv", tmp_path / "xdg"
+    monkeypatch.setattr(sys, "prefix", str(env))
+    monkeypatch.delenv(gguf_cache.ENV_DIR, raising=False)
+    shared, mine = env / "share" / "minengine" / "gguf", xdg / "minengine" / "gguf"
+    assert gguf_cache.roots() == [shared, mine]
+    packaged, other = tmp_path / "packaged.gguf", tmp_path / "other.gguf"
+    write_gguf(build_hf_model("llama"), packaged)
+    write_gguf(build_hf_model("llama"), other)
+    monkeypatch.setattr(loader, "PACKAGED_MODELS", {"tiny-packaged": None})
+    monkeypatch.setattr(loader, "packaged_model_file", lambda name: packaged)
+    assert gguf_cache.main([]) == 0  # what make setup runs: every packaged model
+    out = capsys.readouterr().out
+    assert "tiny-packaged: model folder for every user of this environment: " + str(shared) in out
+    assert "converted in" in out
+    folder = gguf_cache.cache_folder(packaged)
+    assert folder.parent == shared and (folder / "model.safetensors").is_file()
+    assert oct(folder.stat().st_mode & 0o777) == "0o755"  # other users can read it
+
+    def refuse(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(mgguf, "write_hf_folder", refuse)
+    assert resolve_model_path(packaged) == folder  # a user's load finds it: no conversion, no copy
+    assert gguf_cache.main([]) == 0  # and make setup run again converts nothing
+    assert "(already converted)" in capsys.readouterr().out
+    monkeypatch.undo()  # (restores everything; set the two places up again)
+    monkeypatch.setattr(sys, "prefix", str(env))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    monkeypatch.delenv(gguf_cache.ENV_DIR, raising=False)
+    assert resolve_model_path(other).parent == mine  # an ordinary load converts into the user's cache
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
+    third = tmp_path / "third.gguf"
+    write_gguf(build_hf_model("llama"), third)
+    with pytest.raises(ModelLoadError, match="cannot write the converted model"):
+        gguf_cache.gguf_model_folder(third, for_everyone=True)
+    assert not list(shared.glob("third-*")) and not list(shared.glob(".converting-*"))
+    monkeypatch.setattr(loader, "PACKAGED_MODELS", {"tiny-packaged": None})
+    monkeypatch.setattr(loader, "packaged_model_file", lambda name: third)
+    assert gguf_cache.main(["tiny-packaged"]) == 0
+    assert "read-only here; each user converts it on first load" in capsys.readouterr().out
+    assert gguf_cache.main(["no-such-model"]) == 2
+    assert "not a packaged model: no-such-model" in capsys.readouterr().out
+    monkeypatch.setenv(gguf_cache.ENV_DIR, str(tmp_path / "one"))
+    assert gguf_cache.roots() == [tmp_path / "one"]  # one folder, named: nothing else is looked at
+    assert resolve_model_path(third).parent == tmp_path / "one"
 
 
 def test_gguf_without_tokenizer_has_none(tmp_path):

@@ -203,6 +203,25 @@ def test_students_load_the_cpu_kernels_built_into_the_course_environment(hub: Hu
     assert done.stdout.split() == ["True", str(folder)], done.stdout + done.stderr
 
 
+def test_students_load_smollm2_converted_into_the_course_environment(hub: Hub) -> None:
+    # make setup converts the packaged GGUF once into the shared .venv; a student's first load must read
+    # that folder, not spend ~10 s and ~540 MB of their home converting a copy of their own.
+    from minengine.models import gguf_cache
+    from minengine.models.loader import ModelPackageMissingError, packaged_model_file
+
+    try:
+        folder = gguf_cache.cache_folder(packaged_model_file("smollm2-135m"))
+    except ModelPackageMissingError as e:
+        pytest.skip(str(e).splitlines()[0])
+    if not (folder / "config.json").is_file() or not folder.is_relative_to(Path(sys.prefix)):
+        pytest.skip(f"SmolLM2 is not converted into the course's environment here (make models): {folder}")
+    student = next(iter(STUDENTS))
+    done = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c",
+                      "from minengine.models import resolve_model_path; print(resolve_model_path('smollm2-135m'))")
+    assert done.stdout.strip() == str(folder), done.stdout + done.stderr
+    assert not (hub.home(student) / ".cache" / "minengine" / "gguf").exists()
+
+
 @pytest.mark.browser
 def test_one_student_fetches_and_submits_in_the_browser(hub: Hub, released: dict[str, Any]) -> None:
     from hub_browser import student_flow_in_browser

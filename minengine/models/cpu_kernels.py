@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from minengine.models import data_dirs
+
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
@@ -73,21 +75,10 @@ def _flags() -> tuple[list[str], list[str]]:
 
 
 def _roots() -> list[Path]:
-    """Where builds live, in the order they are looked for: ``MINENGINE_KERNELS_DIR`` alone when it is
-    set; else the Python environment's own folder (everyone who runs that environment reads a build made
-    there: a hub's students use the one its administrator's ``make setup`` made), then the user's cache
-    (for an environment the user cannot write to)."""
-    if os.environ.get(ENV_DIR):
-        return [Path(os.environ[ENV_DIR])]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [Path(sys.prefix) / "share" / "minengine" / "kernels", Path(cache) / "minengine" / "kernels"]
-
-
-def _writable(folder: Path) -> bool:
-    """Could this process create files in ``folder`` (its nearest existing ancestor, if not there yet)?"""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return os.access(folder, os.W_OK | os.X_OK)
+    """Where builds live, in the order they are looked for (``data_dirs``): ``MINENGINE_KERNELS_DIR``
+    alone when it is set; else the Python environment's own folder (a hub's students load the build its
+    administrator's ``make setup`` made), then the user's cache (for an environment they cannot write to)."""
+    return data_dirs.roots("kernels", ENV_DIR)
 
 
 def _paths(for_build: bool = False) -> tuple[str, Path]:
@@ -95,8 +86,9 @@ def _paths(for_build: bool = False) -> tuple[str, Path]:
     one this process can write to (to build; the last root if none)."""
     name = f"minengine_cpu_kernels_{_build_tag()}"
     roots = _roots()
-    wanted = _writable if for_build else (lambda root: (root / name / "BUILT").is_file())
-    root = next((r for r in roots if wanted(r)), roots[-1])
+    if not for_build and (found := data_dirs.find(name, roots, lambda f: (f / "BUILT").is_file())):
+        return name, found
+    root = next((r for r in roots if data_dirs.writable(r)), roots[-1]) if for_build else roots[-1]
     return name, root / name
 
 

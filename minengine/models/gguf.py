@@ -9,9 +9,8 @@ A GGUF file holds three things, and each has a counterpart in an HF folder:
 * **the tokenizer** (``tokenizer.ggml.*``) and ``tokenizer.chat_template`` -> ``tokenizer.json`` and
   friends, converted by transformers' GGUF tokenizer converter (offline: it reads the same file).
 
-The folder is written once per GGUF file, to ``${XDG_CACHE_HOME:-~/.cache}/minengine/gguf/
-<file stem>-<size>-<mtime_ns>-v<CACHE_VERSION>/`` (a changed file, or a new converter version, gets a new
-folder), so the first load of SmolLM2-135M takes ~10 s (2 CPU cores) and later ones read plain safetensors.
+The folder is written once per GGUF file and kept (``gguf_cache.py`` says where), so the first load of
+SmolLM2-135M takes ~10 s (2 CPU cores) and later ones read plain safetensors.
 
 Quantized block layouts (ggml; every block holds 32 consecutive weights of one row, little-endian):
 
@@ -40,8 +39,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +47,6 @@ import torch
 
 from minengine.models.errors import ModelLoadError, UnsupportedModelError
 
-CACHE_VERSION = 1  # bump when the folder written here changes, so old caches are not reused
 BLOCK_SIZE = 32  # weights per quantized block, for every type read here
 # GGML type name -> bytes per block of 32 weights (plain float types: per weight).
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
@@ -298,20 +294,7 @@ def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str,
     return meta, hf_config(meta, {t.name for t in reader.tensors})
 
 
-# ---- the cached HF folder ---------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """``${XDG_CACHE_HOME:-~/.cache}/minengine/gguf``, read at call time."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "minengine" / "gguf"
-
-
-def cache_folder(path: str | os.PathLike[str]) -> Path:
-    """Where the HF folder converted from ``path`` lives (keyed by the file's name, size and mtime)."""
-    file = Path(path).expanduser().resolve()
-    st = file.stat()
-    return cache_root() / f"{file.stem}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_VERSION}"
+# ---- the HF folder ---------------------------------------------------------------------------------
 
 
 def write_hf_folder(path: str | os.PathLike[str], out: Path) -> Path:
@@ -347,31 +330,3 @@ def _write_tokenizer(path: Path, out: Path) -> None:
     except Exception as e:  # unknown tokenizer model, missing converter dependency, ...
         raise ModelLoadError(f"could not convert the tokenizer of {path}: {type(e).__name__}: {e}") from None
     tokenizer.save_pretrained(str(out))
-
-
-def gguf_model_folder(path: str | os.PathLike[str]) -> Path:
-    """The cached HF folder of a GGUF file, converting it first if this file has not been seen.
-
-    Written to a temporary folder and renamed into place, so an interrupted or concurrent conversion
-    never leaves a half-written cache behind.
-    """
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ModelLoadError(f"no GGUF file at {file}")
-    final = cache_folder(file)
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-    try:
-        write_hf_folder(file, tmp)
-        try:
-            tmp.rename(final)
-        except OSError:  # another process finished first (or a stale folder without config.json)
-            if not (final / "config.json").is_file():
-                shutil.rmtree(final, ignore_errors=True)
-                tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final

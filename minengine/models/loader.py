@@ -1,6 +1,6 @@
 """Find a model (shipped name, packaged model, local HF folder, .gguf file, or hub id), read its
 safetensors, build the module. A GGUF file is first converted once into a cached HF folder
-(``models/gguf.py``); from there on it loads like any other folder.
+(``models/gguf.py``, kept where ``models/gguf_cache.py`` says); from there on it loads like any other folder.
 
 Every failure raises a ``ModelLoadError`` subclass with a message that says what was tried and how to
 fix it: learners meet these errors first, so they must not be a wall of library tracebacks.
@@ -22,7 +22,6 @@ from safetensors.torch import load_file
 
 from minengine.models.config import ModelConfig
 from minengine.models.errors import ModelLoadError, ModelNotFoundError, WeightMismatchError
-from minengine.models.gguf import gguf_model_folder
 from minengine.models.llama import LlamaForCausalLM
 from minengine.perf.model_spec import dtype_names
 
@@ -142,6 +141,9 @@ def _from_hub(repo_id: str) -> Path:
 
 def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Path:
     """Turn ``None`` / a shipped name / a local folder / a hub id ``org/name`` into a local folder."""
+    # Imported here, not at the top: `python -m minengine.models.gguf_cache` imports this module first.
+    from minengine.models import gguf_cache
+
     name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
     local = Path(name).expanduser()
     if local.is_dir():
@@ -152,7 +154,7 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Pa
             )
         return local.resolve()
     if local.is_file() and local.suffix == ".gguf":
-        return gguf_model_folder(local)
+        return gguf_cache.gguf_model_folder(local)
     if local.exists():
         raise ModelNotFoundError(
             f"{local} is a file; pass the model's folder (with config.json) or a .gguf file instead"
@@ -161,7 +163,7 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Pa
     if name in shipped:
         return ASSETS_DIR / name
     if name in PACKAGED_MODELS:
-        return gguf_model_folder(packaged_model_file(name))
+        return gguf_cache.gguf_model_folder(packaged_model_file(name))
     if _HUB_ID.match(name):  # exactly one '/', not starting with '.', '/' or '~'
         return _from_hub(name)
     if name.startswith((".", "/", "~")) or os.sep in name:
