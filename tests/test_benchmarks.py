@@ -55,6 +55,19 @@ def test_decode_floor_breakdown_smoke() -> None:
     assert (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward) == before
 
 
+def test_kernel_ab_smoke() -> None:
+    # The other source compiles into its own op namespace, both halves give the same tokens, and the
+    # engine's GEMV is put back afterwards.
+    from benchmarks import kernel_ab
+    from minengine.models import linear_kernels
+
+    before = linear_kernels._gemv
+    r = kernel_ab.main(["--smoke", "--rev", "HEAD"])
+    assert r["current_ms"] > 0 and r["other_ms"] > 0 and r["ratio"] > 0 and r["rounds"] == 2
+    assert r["other"] == "minengine/models/csrc/gemv.cpp at HEAD"
+    assert linear_kernels._gemv is before
+
+
 def test_throughput_smoke() -> None:
     from benchmarks import throughput
 
