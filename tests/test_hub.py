@@ -201,6 +201,14 @@ def test_students_load_the_cpu_kernels_built_into_the_course_environment(hub: Hu
     done = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c",
                       "from minengine.models import cpu_kernels as k; print(k.load(), k.build_folder())")
     assert done.stdout.split() == ["True", str(folder)], done.stdout + done.stderr
+    # The Linear kernels' timings of a shape nobody timed yet: the student cannot write beside the root-owned
+    # build, so they go to the student's cache, and the next process reads them instead of timing again.
+    timings = hub.home(student) / ".cache" / "minengine" / "kernels" / folder.name / cpu_kernels.TIMINGS_FILE
+    choose = ("import json; from minengine.models import linear_kernels as lk; "
+              "print(json.dumps(lk.choose_for_shape((96, 80)).times, sort_keys=True))")
+    first = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c", choose).stdout
+    assert timings.is_file() and "96x80@" in timings.read_text(), first
+    assert hub.run_as(student, "student", str(VENV_BIN / "python"), "-c", choose).stdout == first  # read back
 
 
 def test_students_load_smollm2_converted_into_the_course_environment(hub: Hub) -> None:

@@ -5,6 +5,7 @@ and the engine's greedy tokens are the same with either library on three model f
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -106,7 +107,7 @@ def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
     if not cpu_kernels.load():
         pytest.skip(f"the CPU kernels are not built here: {cpu_kernels.build_error()}")
     path = tmp_path / cpu_kernels.TIMINGS_FILE
-    monkeypatch.setattr(linear_kernels, "_timings_path", lambda: path)
+    monkeypatch.setattr(linear_kernels, "_timings_paths", lambda: [path])
     shape = (384, 96)
     try:
         linear_kernels._choose_for.cache_clear()
@@ -131,6 +132,40 @@ def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
         assert linear_kernels._choose_for(shape, 1).times == {k: 1.0 for k in first.times} and timed
     finally:
         linear_kernels._choose_for.cache_clear()
+
+def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(tmp_path, monkeypatch) -> None:
+    """A hub's students load the administrator's build: what they time goes to their own cache and is
+    read back from there; timings beside the build, where there are some, come first."""
+    from minengine.models import cpu_kernels
+
+    if not cpu_kernels.load():
+        pytest.skip(f"the CPU kernels are not built here: {cpu_kernels.build_error()}")
+    build = tmp_path / "venv" / "share" / "minengine" / "kernels" / "minengine_cpu_kernels_abc"
+    build.mkdir(parents=True)
+    monkeypatch.delenv(cpu_kernels.ENV_DIR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(cpu_kernels, "build_folder", lambda: build)
+    beside, mine = build / cpu_kernels.TIMINGS_FILE, tmp_path / "xdg" / "minengine" / "kernels" / build.name / cpu_kernels.TIMINGS_FILE
+    assert linear_kernels._timings_paths() == [beside, mine]
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(build)))
+    shape = (384, 96)
+    try:
+        linear_kernels._choose_for.cache_clear()
+        first = linear_kernels._choose_for(shape, 1)
+        assert not beside.exists() and json.loads(mine.read_text()) == {"384x96@1": first.times}
+        monkeypatch.setattr(linear_kernels, "_median_time", lambda fn, repeats=5: pytest.fail("timed again"))
+        linear_kernels._choose_for.cache_clear()
+        assert linear_kernels._choose_for(shape, 1) == first  # the next process reads the user's file
+        shared = {k: 2.0 for k in first.times}
+        beside.write_text(json.dumps({"384x96@1": shared}))  # the administrator timed this shape too
+        linear_kernels._choose_for.cache_clear()
+        assert linear_kernels._choose_for(shape, 1).times == shared
+    finally:
+        linear_kernels._choose_for.cache_clear()
+    monkeypatch.setenv(cpu_kernels.ENV_DIR, str(build.parent))  # one named folder: nothing else is used
+    assert linear_kernels._timings_paths() == [beside]
+
 
 def test_config_checks_the_name() -> None:
     with pytest.raises(ValueError, match="linear_kernel"):

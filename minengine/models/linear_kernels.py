@@ -18,6 +18,8 @@ every ``nn.Linear`` a ``KernelLinear``: the same module, whose forward picks the
 The timings are kept with the kernels' build (``cpu_kernels.TIMINGS_FILE``, per shape and thread count),
 so they are measured once per machine, not in every process: at a real model's shape they took 1-2 s of
 each server's and notebook's start-up on 2 cores, and every engine on the machine makes the same choice.
+A user who cannot write beside the build (a hub's students, whose build the administrator made) keeps
+the shapes they time in their own cache, under the build's folder name.
 """
 
 from __future__ import annotations
@@ -160,12 +162,18 @@ def _timed_cases(kernels: Iterable[str]) -> list[tuple[str, int]]:
             if rows == 1 or name in KERNELS]
 
 
-def _timings_path() -> Path | None:
-    """Where this machine's timings live: beside the kernels' build (None without one: time each time)."""
-    from minengine.models import cpu_kernels
+def _timings_paths() -> list[Path]:
+    """Where this machine's timings live, in the order they are read: beside the kernels' build, then the
+    same folder name in the user's cache, for a build this user cannot write to (a hub's shared one:
+    without it, every student process would time again). Empty without a build: time each time."""
+    from minengine.models import cpu_kernels, data_dirs
 
     folder = cpu_kernels.build_folder()
-    return folder / cpu_kernels.TIMINGS_FILE if folder is not None else None
+    if folder is None:
+        return []
+    beside = folder / cpu_kernels.TIMINGS_FILE
+    mine = data_dirs.roots("kernels", cpu_kernels.ENV_DIR)[-1] / folder.name / cpu_kernels.TIMINGS_FILE
+    return [beside] if mine == beside else [beside, mine]
 
 
 def _timings_key(shape: tuple[int, int], threads: int) -> str:
@@ -173,23 +181,27 @@ def _timings_key(shape: tuple[int, int], threads: int) -> str:
 
 
 def _load_timings(shape: tuple[int, int], threads: int) -> dict[str, float] | None:
-    path = _timings_path()
-    try:
-        saved = json.loads(path.read_text())[_timings_key(shape, threads)] if path else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
     needed = {f"{name}@{rows}" for name, rows in _timed_cases(ONE_ROW_KERNELS)}
-    ok = isinstance(saved, dict) and needed <= set(saved) and all(isinstance(saved[k], float) for k in needed)
-    return {k: saved[k] for k in needed} if ok else None
+    for path in _timings_paths():
+        try:
+            saved = json.loads(path.read_text())[_timings_key(shape, threads)]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(saved, dict) and needed <= set(saved) and all(isinstance(saved[k], float) for k in needed):
+            return {k: saved[k] for k in needed}
+    return None
 
 
 def _save_timings(shape: tuple[int, int], threads: int, times: dict[str, float]) -> None:
-    """Add these timings to the file, atomically (two processes may time at once); quietly skipped when
-    the folder is read-only."""
-    path = _timings_path()
+    """Add these timings to the first file this process may write, atomically (two processes may time at
+    once); quietly skipped when none is writable."""
+    from minengine.models import data_dirs
+
+    path = next((p for p in _timings_paths() if data_dirs.writable(p.parent)), None)
     if path is None or "gemv@1" not in times:
         return
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
             table = json.loads(path.read_text())
         except (OSError, ValueError):
