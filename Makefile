@@ -108,7 +108,7 @@ book: $(STAMP) kernels models
 	$(PY) -m minengine.course.book
 
 lint: $(STAMP)
-	$(PY) -m ruff check minengine tests scripts
+	$(PY) -m ruff check minengine tests scripts benchmarks lessons
 
 clean-venv:
 	rm -rf $(VENV)
