@@ -36,17 +36,32 @@ from minengine.perf.hardware import Accelerator
 CACHE_FILE = Path("~/.cache/minengine/machine.json")
 
 
-def cpu_name() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's marketing name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``), with its x86
+    family and model: a cloud VM often shows a bare "AMD EPYC", and two generations behind that name
+    differ 2x in matmul peak (AMD family 25 is Zen 3/4, with 256-bit multiply-add units; 26 is Zen 5, with
+    512-bit ones). ``cpuinfo``: that file's text (read here when not given)."""
     import platform
 
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip().lower(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def blas_line(config: str | None = None) -> str:
