@@ -151,7 +151,7 @@ def test_step_cost_of_record_matches_chunks() -> None:
 def test_measure_this_machine_is_quick_cached_and_persisted(tmp_path) -> None:
     import torch
 
-    from minengine.perf.measure import measure_this_machine
+    from minengine.perf.measure import cpu_name, measure_this_machine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -165,6 +165,13 @@ def test_measure_this_machine_is_quick_cached_and_persisted(tmp_path) -> None:
         again = measure_this_machine("cpu", persist=True, cache_file=file)
         assert again == acc and json.loads(file.read_text())
         assert measure_this_machine("cpu", persist=True, cache_file=file) == acc
+        # measured on another chip under the same home folder: not this machine's numbers
+        stored = json.loads(file.read_text())
+        (key, value), = stored.items()
+        assert f"|{cpu_name()}|" in key
+        file.write_text(json.dumps({key.replace(cpu_name(), "Another CPU"): {**value, "bf16_tflops": 123.0}}))
+        assert measure_this_machine("cpu", persist=True, cache_file=file) == acc
+        assert len(json.loads(file.read_text())) == 2  # both chips' entries kept
     finally:
         torch.set_num_threads(threads)
     print(f"\nthis machine: {acc.bandwidth_bytes_per_s / 1e9:.1f} GB/s read, "

@@ -10,8 +10,8 @@ Datasheets say what a chip could do; a roofline of *this* machine needs what it 
   FLOPs over the median time. This is what a prefill's big GEMMs get; small or skinny matmuls get less.
 
 Both are timed after a warm-up, with ``torch.cuda.synchronize()`` around GPU work (kernels run
-asynchronously). The numbers depend on ``torch.get_num_threads()`` on a CPU, so the cache key includes
-it. Results are cached in memory (``functools.cache``) and, with ``persist=True``, in
+asynchronously). The numbers depend on the chip and on ``torch.get_num_threads()`` on a CPU, so the cache key
+includes both. Results are cached in memory (``functools.cache``) and, with ``persist=True``, in
 ``~/.cache/minengine/machine.json`` so that lessons show the same numbers from one run to the next
 (absolute CPU timings drift 15-30 % over an hour on a shared machine; pass ``refresh=True`` to redo).
 
@@ -89,7 +89,10 @@ def measure_this_machine(device: Any = None, *, persist: bool = False, refresh: 
     import torch
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    key = f"{dev}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    # The chip is part of the key: a home folder outlives the machine under it (a hub's pods, a cloud VM
+    # moved to another host: one "AMD EPYC" here was two generations 2x apart in matmul peak).
+    chip = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+    key = f"{dev}|{chip}|threads={torch.get_num_threads()}|torch={torch.__version__}"
     path = Path(cache_file or CACHE_FILE).expanduser()
     if persist and not refresh:
         stored = _read_json(path).get(key)
