@@ -179,10 +179,13 @@ class PeakRSS:
 def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend: str | None,
                   linear_kernel: str | None, args: argparse.Namespace) -> Callable[[Workload], Result]:
     budget = args.chunk if chunked else args.max_model_len
+    # Prefix caching off: every round sends the same prompts, and with the engine's default (on) every
+    # round after the first found them cached and skipped their prefill (HF's engines cache nothing). Runs
+    # with --rounds 2 before 2026-12-02 15:00 counted that: their second round is not this workload.
     llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         num_blocks=args.kv_tokens // 16, compile_decode=compiled, attention_backend=backend,
-                        linear_kernel=linear_kernel)
+                        linear_kernel=linear_kernel, enable_prefix_caching=False)
     graph = llm.llm_engine.model_runner.compiled_decode  # None unless compiled
 
     def run(w: Workload) -> Result:
@@ -195,6 +198,7 @@ def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend
             "decode_steps": len(decode), "decode_s": sum(s.duration for s in decode),
             "prefill_steps": len(steps) - len(decode),
             "prefill_s": sum(s.duration for s in steps) - sum(s.duration for s in decode),
+            "prompt_tokens_computed": sum(s.num_prefill_tokens for s in steps),
             "compiled_steps": graph.num_steps - compiled_before if graph else 0,
         }
         return list(llm.request_records), [list(o.outputs[0].token_ids) for o in outs]

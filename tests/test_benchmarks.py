@@ -81,6 +81,24 @@ def test_throughput_smoke() -> None:
             assert r["prefill_steps"] > 0 and r["decode_steps"] > 0 and r["compiled_steps"] == 0, name
 
 
+def test_throughput_rounds_run_the_same_workload() -> None:
+    """Every round computes every prompt again: the engines send the same prompts each round, and a
+    prefix cache kept between rounds would skip their prefills (it did until 2026-12-02)."""
+    import argparse
+
+    from benchmarks import common, throughput
+
+    args = argparse.Namespace(chunk=32, max_model_len=64, max_num_seqs=8, kv_tokens=2048)
+    run = throughput.run_minengine(str(common.model_dir("llama-tiny")), "decode_first", True, False, None,
+                                   None, args)
+    work = throughput.make_workload(4, (20, 40), (2, 4), 2048, 0)
+    computed = []
+    for _ in range(2):
+        run(work)
+        computed.append(run.steps["prompt_tokens_computed"])
+    assert computed == [sum(len(p) for p, _ in work)] * 2
+
+
 def test_sched_overhead_smoke() -> None:
     from benchmarks import sched_overhead
 
