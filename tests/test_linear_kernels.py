@@ -133,6 +133,7 @@ def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
     finally:
         linear_kernels._choose_for.cache_clear()
 
+
 def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(tmp_path, monkeypatch) -> None:
     """A hub's students load the administrator's build: what they time goes to their own cache and is
     read back from there; timings beside the build, where there are some, come first."""
@@ -145,7 +146,8 @@ def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(t
     monkeypatch.delenv(cpu_kernels.ENV_DIR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(cpu_kernels, "build_folder", lambda: build)
-    beside, mine = build / cpu_kernels.TIMINGS_FILE, tmp_path / "xdg" / "minengine" / "kernels" / build.name / cpu_kernels.TIMINGS_FILE
+    beside = build / cpu_kernels.TIMINGS_FILE
+    mine = tmp_path / "xdg" / "minengine" / "kernels" / build.name / cpu_kernels.TIMINGS_FILE
     assert linear_kernels._timings_paths() == [beside, mine]
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(build)))
