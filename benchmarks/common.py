@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,7 @@ def _decode_attention(shape: tuple[int, int]) -> str:
     line = cpu_kernels.describe().split(" (")[0]
     if linear_kernels.onednn_available():
         choice = linear_kernels.choose_for_shape(shape)
+        choice = replace(choice, prepacked=choice.many_rows == "onednn")  # an engine's default
         line += "; " + choice.describe().replace("linear layers:", f"linear layers ({shape[0]} x {shape[1]}):")
     return line
 

@@ -1,6 +1,7 @@
 """The Linear layers' library on a CPU (``models/linear_kernels.py``): switching keeps parameters, tied
 weights and the state dict; oneDNN gives F.linear's results; the rule that picks it; training still works;
-and the engine's greedy tokens are the same with either library on three model families."""
+and the engine's greedy tokens are the same with either library (and oneDNN on prepacked weights) on
+three model families."""
 
 from __future__ import annotations
 
@@ -55,6 +56,30 @@ def test_kernels_give_f_linear_results(rows: int, bias: bool, one_row: str) -> N
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
         if rows == 1:  # the GEMV keeps any leading shape
             torch.testing.assert_close(layer(x.view(1, 1, 100)), expected.view(1, 1, 40), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [7, 130])
+def test_prepacked_weights_give_f_linear_results_and_follow_the_weight(rows: int) -> None:
+    """oneDNN's packed copy gives F.linear's results; a weight changed in place (load_state_dict) is
+    repacked before the next call, and another matrix passed to ``run`` is used as it is, not the pack."""
+    layer = torch.nn.Linear(100, 40, bias=True)
+    x = torch.randn(rows, 100)
+    linear_kernels.apply(layer, "torch", "onednn", prepack=True)
+    assert layer.packed is not None and layer.packed.is_mkldnn  # oneDNN's opaque blocked layout
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    first_pack = layer.packed
+    new = {"weight": torch.randn(40, 100), "bias": torch.randn(40)}
+    layer.load_state_dict(new)  # copies in place: the same Parameter, a newer version
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, new["weight"], new["bias"]), rtol=1e-5, atol=1e-5)
+        assert layer.packed is not first_pack
+        rows_of = layer.weight[:8]  # e.g. an LM head over some vocabulary rows
+        torch.testing.assert_close(layer.run(x, rows_of, None), F.linear(x, rows_of), rtol=1e-5, atol=1e-5)
+    linear_kernels.apply(layer, "torch", "onednn")  # applied again without: the copy is dropped
+    assert layer.packed is None
+    with pytest.raises(ValueError, match="oneDNN for many rows"):
+        linear_kernels.apply(layer, "torch", "torch", prepack=True)
 
 
 def test_gemv_rejects_what_it_cannot_do() -> None:
@@ -172,6 +197,18 @@ def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(t
 def test_config_checks_the_name() -> None:
     with pytest.raises(ValueError, match="linear_kernel"):
         EngineConfig(linear_kernel="mkl")
+    with pytest.raises(ValueError, match="prepack_weights must be"):
+        EngineConfig(prepack_weights="yes")
+    with pytest.raises(ValueError, match="cannot go with linear_kernel='torch'"):
+        EngineConfig(prepack_weights=True, linear_kernel="torch")
+
+
+def test_prepacking_is_refused_where_it_cannot_run(hf_model_dir) -> None:
+    with pytest.raises(ValueError, match="prepack_weights=True is for fp32 on a CPU"):
+        LLM(hf_model_dir("llama"), dtype="bfloat16", prepack_weights=True, max_model_len=64)
+    bf16 = LLM(hf_model_dir("llama"), dtype="bfloat16", max_model_len=64)  # None: nothing to pack, no error
+    assert not bf16.llm_engine.linear_kernel.prepacked
+    assert getattr(bf16.llm_engine.model.lm_head, "packed", None) is None
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
@@ -181,10 +218,14 @@ def test_engine_tokens_are_the_same_with_either_library(hf_model_dir, torch_one_
     common = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = {}
-    for kernel in linear_kernels.KERNELS:
-        llm = LLM(hf_model_dir(family), linear_kernel=kernel, **common)
-        assert llm.llm_engine.linear_kernel.kernel == kernel
-        outs[kernel] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert outs["onednn"] == outs["torch"]
+    for kernel, prepack in [("torch", None), ("onednn", None), ("onednn", False)]:
+        llm = LLM(hf_model_dir(family), linear_kernel=kernel, prepack_weights=prepack, **common)
+        choice = llm.llm_engine.linear_kernel
+        assert choice.kernel == kernel and choice.prepacked == (kernel == "onednn" and prepack is None)
+        lm_head = llm.llm_engine.model.lm_head
+        assert (lm_head.packed is not None) == choice.prepacked
+        outs[kernel, prepack] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["onednn", None] == outs["onednn", False] == outs["torch", None]
+    outs["torch"] = outs["torch", None]
     timed = LLM(hf_model_dir(family), **common)  # whatever this machine picks, the GEMV included
     assert [o.outputs[0].token_ids for o in timed.generate(prompts, params, use_tqdm=False)] == outs["torch"]

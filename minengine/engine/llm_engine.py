@@ -9,6 +9,7 @@ scheduled, each token, finish), every step its ``StepRecord``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -72,7 +73,7 @@ class LLMEngine:
             self.model_config, getattr(model, "model_path", None), self.tokenizer
         )
 
-        self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel)
+        self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel, self.config.prepack_weights)
         self.norm_kernel = _use_norm_kernel(model)  # True: the RMSNorms call csrc/rms_norm.cpp
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
         plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
@@ -291,14 +292,19 @@ def _use_norm_kernel(model: torch.nn.Module) -> bool:
     return use
 
 
-def _pick_linear_kernel(model: torch.nn.Module, asked: str | None) -> linear_kernels.KernelChoice:
-    """The Linear layers' kernels on a CPU in fp32 (``models/linear_kernels.py``): as asked, or timed."""
+def _pick_linear_kernel(model: torch.nn.Module, asked: str | None,
+                        prepack: bool | None = None) -> linear_kernels.KernelChoice:
+    """The Linear layers' kernels on a CPU in fp32 (``models/linear_kernels.py``): as asked, or timed;
+    weights prepacked for oneDNN when it runs the many-row calls (unless ``prepack`` is False)."""
     if model.device.type != "cpu" or model.dtype != torch.float32:
-        if asked == "onednn":
-            raise ValueError(f"linear_kernel='onednn' is for fp32 on a CPU; this model is {model.dtype} on "
-                             f"{model.device.type}")
+        if asked == "onednn" or prepack:
+            what = "linear_kernel='onednn'" if asked == "onednn" else "prepack_weights=True"
+            raise ValueError(f"{what} is for fp32 on a CPU; this model is {model.dtype} on {model.device.type}")
         return linear_kernels.KernelChoice("torch", "torch", f"{model.dtype} on {model.device.type}", {})
     choice = (linear_kernels.choose(model) if asked is None
               else linear_kernels.KernelChoice(asked, asked, "asked for", {}))
-    linear_kernels.apply(model, choice.one_row, choice.many_rows)
+    if prepack and choice.many_rows != "onednn":  # insisted on: oneDNN runs the many-row calls
+        choice = dataclasses.replace(choice, many_rows="onednn", reason=choice.reason + "; oneDNN for prepacking")
+    choice = dataclasses.replace(choice, prepacked=prepack is not False and choice.many_rows == "onednn")
+    linear_kernels.apply(model, choice.one_row, choice.many_rows, prepack=choice.prepacked)
     return choice

@@ -42,6 +42,11 @@ KERNELS = ("torch", "onednn")  # what EngineConfig.linear_kernel may ask for (bo
 ONE_ROW_KERNELS = ("torch", "onednn", "gemv")  # gemv: csrc/gemv.cpp, one row only
 MARGIN = 1.15  # a kernel must be this much faster than F.linear to replace it
 MANY_ROWS = 128  # the prefill-sized measurement
+# Rows oneDNN is told to expect when it reorders (prepacks) a weight. The layout it picks serves every row
+# count: on a decode step's matrices (12 llama-100m layers + LM head, 2 threads, AMD EPYC family 26) a
+# weight packed for 64 rows ran 8 to 512 rows as fast as one packed for that exact count
+# (``benchmarks/linear_layers.py``, benchmarks/RESULTS.md §2).
+PACK_ROWS = 64
 
 
 def onednn_available() -> bool:
@@ -49,8 +54,20 @@ def onednn_available() -> bool:
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ weight.T + bias through oneDNN (fp32 CPU tensors; the weight in its ordinary layout)."""
+    """y = x @ weight.T + bias through oneDNN (fp32 CPU tensors; the weight in its ordinary layout, or
+    the opaque one ``pack_weight`` made)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A copy of ``weight`` in the blocked layout oneDNN's GEMM reads (an opaque mkldnn tensor).
+
+    Why: called with an ordinary [out, in] matrix, oneDNN first copies it into that layout, on every call.
+    At a batched decode's 8-64 rows that copy is a large part of the work: a decode step's matrices ran
+    1.3-2.1x faster prepacked, a 512-token prefill's 1.1x (``benchmarks/linear_layers.py``). The price is a
+    second copy of every weight: the ordinary one stays for the GEMV, the embedding and the state dict.
+    """
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -69,6 +86,10 @@ class KernelLinear(nn.Linear):
 
     one_row: str = "torch"
     many_rows: str = "torch"
+    # oneDNN's own copy of ``weight`` (``pack_weight``), used for many rows while it is current: made from
+    # this very tensor, at this version (an in-place change, e.g. load_state_dict, bumps it)
+    packed: torch.Tensor | None = None
+    _packed_from: tuple[torch.Tensor, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.weight.requires_grad:
@@ -82,9 +103,33 @@ class KernelLinear(nn.Linear):
             return F.linear(x, weight, bias)
         if kernel == "gemv" and x.dim() == 2:
             return _gemv(x, weight, bias)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # the compiled graph takes the ordinary weight only
             return _compiled_onednn(x, weight, bias)
-        return onednn_linear(x, weight, bias)
+        return onednn_linear(x, self._current_pack(weight), bias)
+
+    def pack(self) -> None:
+        """Keep oneDNN's prepacked copy of this layer's weight (``pack_weight``) for many-row calls."""
+        self.packed = pack_weight(self.weight)
+        self._packed_from = (self.weight, _version(self.weight))
+
+    def _current_pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """The packed copy if it was made from ``weight`` as it is now; else ``weight`` itself (a caller's
+        other matrix), repacking first when this layer's own weight changed since (tokens must follow it)."""
+        source = self._packed_from
+        if source is None or weight is not source[0]:
+            return weight
+        if _version(weight) != source[1]:
+            self.pack()
+        return self.packed
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place change counter (-1 for an inference tensor, which keeps none: those cannot
+    change outside inference mode, and the engine never writes its weights)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 @dataclass
@@ -96,6 +141,7 @@ class KernelChoice:
     many_rows: str
     reason: str
     times: dict[str, float]
+    prepacked: bool = False  # an engine's layers also keep oneDNN's layout of their weights (pack_weight)
 
     @property
     def kernel(self) -> str:
@@ -104,7 +150,8 @@ class KernelChoice:
 
     def describe(self) -> str:
         names = {"torch": "F.linear", "onednn": "oneDNN", "gemv": "minengine's GEMV"}
-        return (f"linear layers: {names[self.one_row]} at 1 row, {names[self.many_rows]} at more "
+        packed = " on prepacked weights" if self.prepacked else ""
+        return (f"linear layers: {names[self.one_row]} at 1 row, {names[self.many_rows]}{packed} at more "
                 f"({self.reason})")
 
 
@@ -229,14 +276,17 @@ def decide(times: dict[str, float]) -> KernelChoice:
     return KernelChoice(one, many, ratios or "no kernel clearly faster than F.linear here", times)
 
 
-def apply(model: nn.Module, one_row: str, many_rows: str | None = None) -> int:
+def apply(model: nn.Module, one_row: str, many_rows: str | None = None, prepack: bool = False) -> int:
     """Make every ``nn.Linear`` of ``model`` a ``KernelLinear`` running these kernels; returns how many.
-    The class is swapped in place, so parameters (tied ones too) and the state dict stay as they were."""
+    The class is swapped in place, so parameters (tied ones too) and the state dict stay as they were.
+    ``prepack`` (with oneDNN for many rows) also keeps each weight's oneDNN layout (``pack_weight``)."""
     many_rows = many_rows or one_row
     if one_row not in ONE_ROW_KERNELS or many_rows not in KERNELS:
         raise ValueError(f"unknown linear kernel {one_row!r}/{many_rows!r}: use one of {', '.join(KERNELS)}")
     if "onednn" in (one_row, many_rows) and not onednn_available():
         raise ValueError("linear_kernel='onednn' needs a torch built with oneDNN (mkldnn); this one has none")
+    if prepack and many_rows != "onednn":
+        raise ValueError(f"prepacked weights are oneDNN's layout: they need oneDNN for many rows, not {many_rows!r}")
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -244,5 +294,9 @@ def apply(model: nn.Module, one_row: str, many_rows: str | None = None) -> int:
                 module.__class__ = KernelLinear
             if isinstance(module, KernelLinear):
                 module.one_row, module.many_rows = one_row, many_rows
+                if prepack:
+                    module.pack()
+                else:
+                    module.packed, module._packed_from = None, None
                 count += 1
     return count
