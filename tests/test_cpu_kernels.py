@@ -1,8 +1,9 @@
-"""The CPU's C++ paged decode-attention kernel (``models/csrc/paged_attention.cpp``) against the reference
+"""The CPU's C++ kernels. Mostly the paged decode-attention kernel (``models/csrc/paged_attention.cpp``) against the reference
 gather + SDPA path: shapes with a compiled-in fast path (head size 32, 64, 128) and the generic loop (8, 96),
 grouped-query heads, shuffled and shared blocks, sliding windows, a batch too small to give every
 thread a whole sequence; its readable errors; the engine's choice of backend; and the whole engine's
-greedy tokens with the kernel against the reference path on three model families.
+greedy tokens with the kernel against the reference path on three model families. Also the RMSNorm and
+SwiGLU-activation kernels against the PyTorch ops they replace.
 """
 
 from __future__ import annotations
@@ -160,6 +161,51 @@ def test_the_engine_runs_its_norms_through_the_kernel_on_a_cpu_in_fp32(hf_model_
     with torch.enable_grad():  # training falls back to F.rms_norm: the kernel has no backward
         norm(x.requires_grad_()).square().sum().backward()
         assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("shape", [(1, 4096), (64, 4096), (5, 200), (3, 7, 64), (0, 32)])
+def test_silu_and_mul_gives_f_silu_times_up_to_float_rounding(shape: tuple[int, ...]) -> None:
+    """csrc/activation.cpp against ``F.silu(gate) * up`` on [gate | up]: libmvec's exp and the fused
+    arithmetic round differently, by a few ulps; a non-contiguous input too."""
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 4  # gates well into both tails of silu
+    gate, up = x.chunk(2, -1)
+    got = torch.ops.minengine.silu_and_mul(x)
+    assert got.shape == (*shape[:-1], shape[-1] // 2) and got.is_contiguous()
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    strided = torch.randn(shape[-1], max(shape[0], 1)).t()  # [rows, 2I], columns apart in memory
+    g2, u2 = strided.chunk(2, -1)
+    torch.testing.assert_close(torch.ops.minengine.silu_and_mul(strided), torch.nn.functional.silu(g2) * u2,
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_silu_and_mul_errors_are_readable() -> None:
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.minengine.silu_and_mul(torch.randn(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"x \[\.\.\., 2 \* I\]"):
+        torch.ops.minengine.silu_and_mul(torch.randn(2, 7))
+
+
+def test_the_engine_runs_its_mlp_activation_through_the_kernel_on_a_cpu_in_fp32(hf_model_dir) -> None:
+    from minengine.models.llama import LlamaMLP
+
+    llm = LLM(hf_model_dir("llama"), max_model_len=64, num_blocks=16, block_size=4)
+    mlps = [m for m in llm.llm_engine.model.modules() if isinstance(m, LlamaMLP)]
+    assert mlps and all(m.use_kernel for m in mlps)
+    mlp = mlps[0]
+    x = torch.randn(3, mlp.gate_up_proj.weight.shape[1])
+    with torch.inference_mode():
+        gate, up = mlp.gate_up_proj(x).chunk(2, -1)
+        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up), rtol=1e-5, atol=1e-6)
+    with torch.enable_grad():  # training falls back to the two ops: the kernel has no backward
+        for p in mlp.parameters():
+            p.requires_grad_(True)
+        mlp(x).square().sum().backward()
+        assert mlp.gate_up_proj.weight.grad is not None
+    bf16 = LLM(hf_model_dir("llama"), dtype="bfloat16", max_model_len=64, num_blocks=16, block_size=4)
+    assert not any(m.use_kernel for m in bf16.llm_engine.model.modules() if isinstance(m, LlamaMLP))
 
 
 def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path, monkeypatch) -> None:

@@ -74,7 +74,7 @@ class LLMEngine:
         )
 
         self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel, self.config.prepack_weights)
-        self.norm_kernel = _use_norm_kernel(model)  # True: the RMSNorms call csrc/rms_norm.cpp
+        self.norm_kernel = _use_norm_kernel(model)  # True: csrc/rms_norm.cpp and csrc/activation.cpp run
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
         plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
         self.kv_cache = PagedKVCache.allocate(
@@ -281,13 +281,14 @@ def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -
 
 
 def _use_norm_kernel(model: torch.nn.Module) -> bool:
-    """On a CPU in fp32 with the C++ kernels built, every RMSNorm runs as one call (``RMSNorm``'s doc)."""
+    """On a CPU in fp32 with the C++ kernels built, every RMSNorm runs as one call (``RMSNorm``'s doc),
+    and so does every SwiGLU activation (``LlamaMLP``'s)."""
     from minengine.models import cpu_kernels
-    from minengine.models.llama import RMSNorm
+    from minengine.models.llama import LlamaMLP, RMSNorm
 
     use = model.device.type == "cpu" and model.dtype == torch.float32 and cpu_kernels.load()
     for module in model.modules():
-        if isinstance(module, RMSNorm):
+        if isinstance(module, RMSNorm | LlamaMLP):
             module.use_kernel = use
     return use
 

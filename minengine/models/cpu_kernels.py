@@ -8,6 +8,7 @@
 - ``gemv.cpp``: a batch-1 linear layer that keeps every core streaming the weights.
 - ``onednn_linear.cpp``: oneDNN's linear as an op a compiled graph can call (``linear_kernels.py``).
 - ``rms_norm.cpp``: RMSNorm in one call, where ``F.rms_norm`` runs about seven small ops (``RMSNorm``).
+- ``activation.cpp``: SwiGLU's ``silu(gate) * up`` in one pass (vLLM's ``silu_and_mul``; ``LlamaMLP``).
 
 How they are built: ``python -m minengine.models.cpu_kernels`` (``make setup`` and Binder's ``postBuild``
 run it) compiles the files with the machine's compiler through ``torch.utils.cpp_extension`` (~10-30 s
@@ -35,7 +36,7 @@ import torch
 from minengine.models import data_dirs
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp")]
+           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp", "activation.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
 ENV_DIR = "MINENGINE_KERNELS_DIR"  # one folder for builds, instead of the environment's, then ~/.cache (_roots)
 TIMINGS_FILE = "linear_timings.json"  # linear_kernels' measurements, kept with the build they timed
@@ -183,6 +184,10 @@ def _register_fake() -> None:
     @torch.library.register_fake("minengine::rms_norm")
     def _rms_norm(x, weight, eps):  # noqa: ANN001, ANN202
         return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("minengine::silu_and_mul")
+    def _silu_and_mul(x):  # noqa: ANN001, ANN202
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
     _register_fake.done = True  # type: ignore[attr-defined]
 

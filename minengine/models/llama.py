@@ -178,7 +178,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matrix (``gate_up_proj``)."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matrix (``gate_up_proj``).
+
+    An engine in fp32 on a CPU with the C++ kernels built sets ``use_kernel``: the activation then runs as
+    one pass over the projection's output (``csrc/activation.cpp``, vLLM's ``silu_and_mul``) instead of
+    ``F.silu`` and a multiply, each writing a fresh tensor (a compiled graph keeps the two ops: inductor
+    fuses them anyway)."""
+
+    use_kernel: bool = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -188,7 +195,11 @@ class LlamaMLP(nn.Module):
         _fuse_in_state_dict(self, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, -1)
+        gate_up = self.gate_up_proj(x)
+        if self.use_kernel and gate_up.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
+                torch.is_grad_enabled() and gate_up.requires_grad):  # the kernel has no backward
+            return self.down_proj(torch.ops.minengine.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, -1)
         return self.down_proj(F.silu(gate) * up)
 
 
