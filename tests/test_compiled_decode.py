@@ -21,7 +21,10 @@ from minengine.engine.compiled_decode import CompiledDecode
 from minengine.engine.llm import LLM
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-COMMON = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=160, block_size=8, num_blocks=80)
+# Weights not prepacked: with them the graph runs batch-1 steps only (test_prepacked_weights_...), and
+# these tests are about the batched graphs
+COMMON = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=160, block_size=8, num_blocks=80,
+              prepack_weights=False)
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -138,7 +141,8 @@ def test_big_batches_run_compiled_too(hf_model_dir) -> None:
     from minengine.models.attention import CPU_DECODE_GROUP_TOKENS
 
     # one step prefills every prompt, so every decode step after it has all 16 rows
-    big = dict(max_num_seqs=16, max_num_batched_tokens=8192, max_model_len=400, block_size=16, num_blocks=400)
+    big = dict(max_num_seqs=16, max_num_batched_tokens=8192, max_model_len=400, block_size=16, num_blocks=400,
+               prepack_weights=False)
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 512) for _ in range(260 + 4 * i)] for i in range(16)]
     llm = LLM(hf_model_dir("llama"), compile_decode=True, **big)
@@ -148,6 +152,20 @@ def test_big_batches_run_compiled_too(hf_model_dir) -> None:
     assert len(decodes) == 11 and all(r.num_decode_tokens == 16 for r in decodes)
     assert 16 * 261 > CPU_DECODE_GROUP_TOKENS
     assert llm.llm_engine.model_runner.compiled_decode.num_steps == len(decodes)
+
+
+def test_prepacked_weights_leave_batched_steps_to_the_eager_path(hf_model_dir, eager_llm) -> None:
+    """With oneDNN on prepacked weights, the graph (which takes the ordinary weights) runs batch-1 steps
+    only; batched decodes run eagerly on the packed ones. Same tokens either way; one graph compiled."""
+    llm = LLM(hf_model_dir("llama"), compile_decode=True, **dict(COMMON, linear_kernel="onednn", prepack_weights=True))
+    compiled = llm.llm_engine.model_runner.compiled_decode
+    assert llm.llm_engine.linear_kernel.prepacked and compiled.max_batch == 1 and compiled.disabled is None
+    prompts = _prompts(3, seed=5)
+    assert _tokens(llm, prompts) == _tokens(eager_llm, prompts)
+    decodes = [r for r in llm.llm_engine.step_records if r.num_prefill_tokens == 0]
+    single = [r for r in decodes if r.num_decode_tokens == 1]
+    assert single and len(single) < len(decodes)  # both kinds of decode step ran
+    assert compiled.num_steps == len(single)
 
 
 def test_steps_that_are_mostly_padding_run_eagerly(compiled_llm) -> None:

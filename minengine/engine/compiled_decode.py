@@ -67,7 +67,8 @@ class CompiledDecode:
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], block_size: int, *,
                  max_context_tokens: int = MAX_CONTEXT_TOKENS,
-                 compile_fn: Callable[..., Any] | None = None, cpp_attention: bool | None = None) -> None:
+                 compile_fn: Callable[..., Any] | None = None, cpp_attention: bool | None = None,
+                 max_batch: int | None = None) -> None:
         windows = getattr(getattr(model, "model", None), "sliding_windows", {None})
         if windows != {None}:
             raise ValueError("compile_decode supports full-attention models only (this one has a sliding window)")
@@ -81,6 +82,10 @@ class CompiledDecode:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.max_context_tokens = max_context_tokens
+        # Steps of more rows run eagerly (None: no limit). With prepacked weights the engine passes 1: the
+        # graph calls oneDNN on the ordinary weight, and at 2-64 rows the eager path's prepacked GEMMs
+        # won over the graph's fused small ops (benchmarks/RESULTS.md §2: the mixed workload 6 % faster)
+        self.max_batch = max_batch
         compile_fn = compile_fn or (lambda fn: torch.compile(fn, options={"cpp_wrapper": True}))
         self._fn = compile_fn(_decode_step)
         # Attention inside the graph: the C++ kernel when it builds (no padding cost: each row reads its
@@ -98,7 +103,8 @@ class CompiledDecode:
         """True for a step of single-token rows that all sample, whose padded context fits one call and
         is not mostly padding."""
         scheduled = output.scheduled
-        if self.disabled is not None or not scheduled:
+        if self.disabled is not None or not scheduled or (
+                self.max_batch is not None and len(scheduled) > self.max_batch):
             return False
         longest = total = 0
         for s in scheduled:
@@ -155,13 +161,14 @@ class CompiledDecode:
         return out
 
     def warmup(self, free_block: int) -> None:
-        """Compile the graphs now (B = 1 and B = 2) on ``free_block``'s slots, not in the first request's
-        first token. A compile that fails warns and disables the compiled path (``disabled``)."""
+        """Compile the graphs now (B = 1 and B = 2, the graph for every B >= 2, unless ``max_batch`` is 1) on
+        ``free_block``'s slots, not in the first request's first token. A compile that fails warns and
+        disables the compiled path (``disabled``)."""
         start = time.perf_counter()
         bs = self.block_size
         table = [free_block]
         try:
-            for batch in (1, 2):
+            for batch in (1, 2) if self.max_batch is None or self.max_batch > 1 else (1,):
                 lens = [min(2 + i, bs) for i in range(batch)]  # every slot inside free_block
                 args = self._tensors([0] * batch, [n - 1 for n in lens], [free_block * bs + n - 1 for n in lens],
                                      lens, [table] * batch)

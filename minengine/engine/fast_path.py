@@ -315,13 +315,15 @@ def make_model_runner(
 
 
 def _compiled_decode(model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device) -> CompiledDecode:
-    """The CPU's compiled decode steps, compiled now (on block 0: nothing is allocated yet)."""
+    """The CPU's compiled decode steps, compiled now (on block 0: nothing is allocated yet); batch-1 steps
+    only when the Linear layers run on prepacked weights (``CompiledDecode.max_batch``)."""
     from minengine.engine.compiled_decode import CompiledDecode
 
     if device.type != "cpu":
         raise ValueError(f"compile_decode is a CPU fast path; on {device.type} leave it off "
                          "(on CUDA the engine replays CUDA graphs instead: enforce_eager=False)")
-    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size)
+    prepacked = any(getattr(m, "packed", None) is not None for m in model.modules())
+    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size, max_batch=1 if prepacked else None)
     compiled.warmup(free_block=0)
     return compiled
 
