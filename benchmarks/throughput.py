@@ -65,20 +65,22 @@ except ImportError:  # run as a script: python benchmarks/throughput.py
 
 Workload = list[tuple[list[int], int]]  # (prompt token ids, output length)
 Result = tuple[list[RequestRecord], list[list[int]]]  # per request: record, generated ids
-# name: (policy, chunked prefill, compile_decode, attention_backend, linear_kernel); None = the engine's
-# default (on a CPU in fp32: the C++ decode-attention kernel; Linear kernels timed at start-up);
-# "gather" = the reference attention (context copied, SDPA), "torch" = F.linear everywhere
+# name: (policy, chunked prefill, compile_decode, attention_backend, linear_kernel, prepack_weights); None =
+# the engine's default (on a CPU in fp32: the C++ decode-attention kernel; Linear kernels timed at
+# start-up, oneDNN's on prepacked weights); "gather" = the reference attention (context copied, SDPA),
+# "torch" = F.linear everywhere
 MINENGINE = {
-    "minengine-decode-first": ("decode_first", True, False, None, None),
-    "minengine-decode-first-nochunk": ("decode_first", False, False, None, None),
-    "minengine-prefill-first": ("prefill_first", True, False, None, None),
-    "minengine-prefill-first-nochunk": ("prefill_first", False, False, None, None),
-    "minengine-decode-first-compiled": ("decode_first", True, True, None, None),  # fp32 CPU only
-    "minengine-decode-first-gather": ("decode_first", True, False, "gather", None),
-    "minengine-decode-first-reference": ("decode_first", True, False, "gather", "torch"),  # before issue 13's kernels
+    "minengine-decode-first": ("decode_first", True, False, None, None, None),
+    "minengine-decode-first-nochunk": ("decode_first", False, False, None, None, None),
+    "minengine-prefill-first": ("prefill_first", True, False, None, None, None),
+    "minengine-prefill-first-nochunk": ("prefill_first", False, False, None, None, None),
+    "minengine-decode-first-compiled": ("decode_first", True, True, None, None, None),  # fp32 CPU only
+    "minengine-decode-first-unpacked": ("decode_first", True, False, None, None, False),  # before 2026-12-02 16:20
+    "minengine-decode-first-gather": ("decode_first", True, False, "gather", None, None),
+    "minengine-decode-first-reference": ("decode_first", True, False, "gather", "torch", None),  # before issue 13's kernels
 }
 ENGINES = [*MINENGINE, "hf-sequential", "hf-static", "hf-cb"]
-OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-gather",
+OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-unpacked", "minengine-decode-first-gather",
           "minengine-decode-first-reference")  # not in the default run
 DEFAULT_ENGINES = [e for e in ENGINES if e not in OPT_IN]
 
@@ -177,7 +179,8 @@ class PeakRSS:
 
 # --------------------------------------------------------------------------------------------- runs
 def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend: str | None,
-                  linear_kernel: str | None, args: argparse.Namespace) -> Callable[[Workload], Result]:
+                  linear_kernel: str | None, prepack: bool | None, args: argparse.Namespace,
+                  ) -> Callable[[Workload], Result]:
     budget = args.chunk if chunked else args.max_model_len
     # Prefix caching off: every round sends the same prompts, and with the engine's default (on) every
     # round after the first found them cached and skipped their prefill (HF's engines cache nothing). Runs
@@ -185,7 +188,7 @@ def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend
     llm = minengine.LLM(path, policy=policy, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         num_blocks=args.kv_tokens // 16, compile_decode=compiled, attention_backend=backend,
-                        linear_kernel=linear_kernel, enable_prefix_caching=False)
+                        linear_kernel=linear_kernel, prepack_weights=prepack, enable_prefix_caching=False)
     graph = llm.llm_engine.model_runner.compiled_decode  # None unless compiled
 
     def run(w: Workload) -> Result:

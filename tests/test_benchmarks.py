@@ -90,7 +90,7 @@ def test_throughput_rounds_run_the_same_workload() -> None:
 
     args = argparse.Namespace(chunk=32, max_model_len=64, max_num_seqs=8, kv_tokens=2048)
     run = throughput.run_minengine(str(common.model_dir("llama-tiny")), "decode_first", True, False, None,
-                                   None, args)
+                                   None, None, args)
     work = throughput.make_workload(4, (20, 40), (2, 4), 2048, 0)
     computed = []
     for _ in range(2):
