@@ -377,6 +377,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         assert r["output_tokens"] == expected, f"{name} generated {r['output_tokens']} tokens, not {expected}"
         r["same_as_hf_sequential"] = None if ref is None else sum(a == b for a, b in zip(tokens[name], ref,
                                                                                           strict=True))
+        # [request, first token that differs]: in fp32 a different summation order (oneDNN's blocking, the
+        # GEMV's split) can flip a greedy pick where HF's top two logits tie to ~1e-5
+        r["differs_from_hf_sequential"] = None if ref is None else [
+            [i, next(j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)]
+            for i, (a, b) in enumerate(zip(tokens[name], ref, strict=True)) if a != b]
     _print(results, args, work)
     print(f"process peak RSS {_peak_rss_bytes() / 2**20:,.0f} MiB (all engines in one process)")
     common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes()})
@@ -419,6 +424,9 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
             print(f"{name}: {r['prefill_steps']:.0f} steps with prompt tokens took {r['prefill_s']:.1f} s, "
                   f"{r['decode_steps']:.0f} all-decode steps {r['decode_s']:.1f} s "
                   f"({r['compiled_steps']:.0f} of them compiled)")
+        if r.get("differs_from_hf_sequential"):
+            where = ", ".join(f"request {i} from its token {j}" for i, j in r["differs_from_hf_sequential"])
+            print(f"{name}: greedy tokens differ from hf-sequential's in {where}")
 
 
 if __name__ == "__main__":
