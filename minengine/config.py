@@ -64,8 +64,9 @@ class EngineConfig:
     # when the engine starts, oneDNN where it is clearly faster (minengine.models.linear_kernels)
     linear_kernel: str | None = None
     # CPU fp32 with oneDNN for many rows: keep each weight also in oneDNN's blocked layout, so batched
-    # steps skip re-laying it out on every call (1.3-2.1x faster at 8-64 rows), for a second copy of the
-    # weights in memory. None: on whenever oneDNN runs the many-row calls; False: off; True: insist.
+    # steps skip re-laying it out on every call (1.2-1.4x faster at 8-64 rows), for a second copy of the
+    # weights in memory. None: on whenever oneDNN runs the many-row calls and the copy takes at most a quarter
+    # of the memory available (linear_kernels.prepack_fits); False: off; True: insist.
     prepack_weights: bool | None = None
 
     def __post_init__(self) -> None:

@@ -203,6 +203,24 @@ def test_config_checks_the_name() -> None:
         EngineConfig(prepack_weights=True, linear_kernel="torch")
 
 
+def test_prepacking_by_default_only_where_the_copy_fits(hf_model_dir, monkeypatch) -> None:
+    """The default packs unless the copy would take over a quarter of the available memory (a hub's pod);
+    True insists regardless."""
+    model = build_random_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    need = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear)
+               and m is not model.lm_head) + model.lm_head.weight.numel() * 4  # the tied matrix once
+    assert linear_kernels.prepack_fits(model, available=4 * need) == (True, "")
+    fits, why = linear_kernels.prepack_fits(model, available=4 * need - 4)
+    assert not fits and "more than a quarter" in why
+    monkeypatch.setattr(linear_kernels, "_available_memory", lambda: 1 << 10)  # 1 KiB left
+    small = LLM(hf_model_dir("llama"), linear_kernel="onednn", max_model_len=64)
+    choice = small.llm_engine.linear_kernel
+    assert not choice.prepacked and "weights not prepacked" in choice.describe()
+    assert small.llm_engine.model.lm_head.packed is None
+    insisted = LLM(hf_model_dir("llama"), linear_kernel="onednn", prepack_weights=True, max_model_len=64)
+    assert insisted.llm_engine.linear_kernel.prepacked and insisted.llm_engine.model.lm_head.packed is not None
+
+
 def test_prepacking_is_refused_where_it_cannot_run(hf_model_dir) -> None:
     with pytest.raises(ValueError, match="prepack_weights=True is for fp32 on a CPU"):
         LLM(hf_model_dir("llama"), dtype="bfloat16", prepack_weights=True, max_model_len=64)

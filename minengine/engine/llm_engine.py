@@ -306,6 +306,11 @@ def _pick_linear_kernel(model: torch.nn.Module, asked: str | None,
               else linear_kernels.KernelChoice(asked, asked, "asked for", {}))
     if prepack and choice.many_rows != "onednn":  # insisted on: oneDNN runs the many-row calls
         choice = dataclasses.replace(choice, many_rows="onednn", reason=choice.reason + "; oneDNN for prepacking")
-    choice = dataclasses.replace(choice, prepacked=prepack is not False and choice.many_rows == "onednn")
+    packs = prepack is not False and choice.many_rows == "onednn"
+    if packs and prepack is None:  # the default: only where a second copy of the weights fits easily
+        packs, why = linear_kernels.prepack_fits(model)
+        if not packs:
+            choice = dataclasses.replace(choice, reason=f"{choice.reason}; {why}")
+    choice = dataclasses.replace(choice, prepacked=packs)
     linear_kernels.apply(model, choice.one_row, choice.many_rows, prepack=choice.prepacked)
     return choice

@@ -44,8 +44,8 @@ MARGIN = 1.15  # a kernel must be this much faster than F.linear to replace it
 MANY_ROWS = 128  # the prefill-sized measurement
 # Rows oneDNN is told to expect when it reorders (prepacks) a weight. The layout it picks serves every row
 # count: on a decode step's matrices (12 llama-100m layers + LM head, 2 threads, AMD EPYC family 26) a
-# weight packed for 64 rows ran 8 to 512 rows as fast as one packed for that exact count
-# (``benchmarks/linear_layers.py``, benchmarks/RESULTS.md §2).
+# weight packed for 64 rows ran 8 to 512 rows within 4 % of one packed for that exact count
+# (``benchmarks/linear_layers.py``, benchmarks/RESULTS.md §2); one copy per weight, not one per batch size.
 PACK_ROWS = 64
 
 
@@ -64,7 +64,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
     Why: called with an ordinary [out, in] matrix, oneDNN first copies it into that layout, on every call.
     At a batched decode's 8-64 rows that copy is a large part of the work: a decode step's matrices ran
-    1.3-2.1x faster prepacked, a 512-token prefill's 1.1x (``benchmarks/linear_layers.py``). The price is a
+    1.18-1.42x faster prepacked, a 512-token prefill's 1.04x (``benchmarks/linear_layers.py``). The price is a
     second copy of every weight: the ordinary one stays for the GEMV, the embedding and the state dict.
     """
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
@@ -121,6 +121,33 @@ class KernelLinear(nn.Linear):
         if _version(weight) != source[1]:
             self.pack()
         return self.packed
+
+
+def prepack_fits(model: nn.Module, available: int | None = None) -> tuple[bool, str]:
+    """Whether a second copy of ``model``'s Linear weights fits comfortably: at most a quarter of the memory
+    available now (``/proc/meminfo``'s MemAvailable; where that cannot be read, assume it fits). A hub gives
+    each student a few GB: there the copy of a 135M model in fp32 (540 MB) would be better left unmade."""
+    weights = {id(m.weight): m.weight.numel() * m.weight.element_size()
+               for m in model.modules() if isinstance(m, nn.Linear)}
+    need = sum(weights.values())
+    if available is None:
+        available = _available_memory()
+    if available is None or need <= available // 4:
+        return True, ""
+    return False, (f"weights not prepacked: the copy ({need / 2**20:,.0f} MiB) would take more than a quarter "
+                   f"of the {available / 2**20:,.0f} MiB available")
+
+
+def _available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get without swapping (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _version(t: torch.Tensor) -> int:
