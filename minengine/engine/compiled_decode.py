@@ -13,7 +13,8 @@ one graph serves every L and another every B >= 2 (B == 1 has its own: no paddin
 are compiled once, when the engine starts (``warmup``), on slots of a block the scheduler has not handed
 out yet (every slot is written before it is read, so the scribble is harmless). Steps the graph does
 not cover run the reference path unchanged: a prefill or a prompt chunk in the step, a row that samples
-nothing, a step whose padded context exceeds ``max_context_tokens``, and models with a sliding window.
+nothing, a step whose padded context exceeds ``max_context_tokens``, models with a sliding window, and
+steps of more than one row when the Linear layers run on prepacked weights (``max_batch``).
 
 Decode attention in the graph reads each row's K/V from the paged cache where it lies, once: through
 the C++ kernel (``models/cpu_kernels.py``) as an opaque call when it is built, else written as products
