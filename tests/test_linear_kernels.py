@@ -221,6 +221,27 @@ def test_prepacking_by_default_only_where_the_copy_fits(hf_model_dir, monkeypatc
     assert insisted.llm_engine.linear_kernel.prepacked and insisted.llm_engine.model.lm_head.packed is not None
 
 
+def test_available_memory_counts_a_cgroup_limit(tmp_path) -> None:
+    """A hub pod's limit is in its memory cgroup, not in /proc/meminfo (which shows the whole node)."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n")
+    assert linear_kernels._available_memory(str(tmp_path)) == 32 << 30  # no cgroup files: the node's
+    v2 = tmp_path / "sys/fs/cgroup"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text(str(1 << 30))
+    assert linear_kernels._available_memory(str(tmp_path)) == 32 << 30  # unlimited
+    (v2 / "memory.max").write_text(str(2 << 30))
+    assert linear_kernels._available_memory(str(tmp_path)) == 1 << 30  # 2 GiB limit, 1 GiB used
+    (v2 / "memory.max").unlink()
+    v1 = v2 / "memory"
+    v1.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text(str(4 << 30))
+    (v1 / "memory.usage_in_bytes").write_text(str(3 << 30))
+    assert linear_kernels._available_memory(str(tmp_path)) == 1 << 30
+    assert linear_kernels._available_memory(str(tmp_path / "nowhere")) is None
+
+
 def test_prepacking_is_refused_where_it_cannot_run(hf_model_dir) -> None:
     with pytest.raises(ValueError, match="prepack_weights=True is for fp32 on a CPU"):
         LLM(hf_model_dir("llama"), dtype="bfloat16", prepack_weights=True, max_model_len=64)

@@ -130,7 +130,8 @@ class KernelLinear(nn.Linear):
 
 def prepack_fits(model: nn.Module, available: int | None = None) -> tuple[bool, str]:
     """Whether a second copy of ``model``'s Linear weights fits comfortably: at most a quarter of the memory
-    available now (``/proc/meminfo``'s MemAvailable; where that cannot be read, assume it fits). A hub gives
+    available now (``_available_memory``: the kernel's figure or the memory cgroup's room, whichever is less;
+    where neither can be read, assume it fits). A hub gives
     each student a few GB: there the copy of a 135M model in fp32 (540 MB) would be better left unmade."""
     weights = {id(m.weight): m.weight.numel() * m.weight.element_size()
                for m in model.modules() if isinstance(m, nn.Linear)}
@@ -143,16 +144,28 @@ def prepack_fits(model: nn.Module, available: int | None = None) -> tuple[bool, 
                    f"of the {available / 2**20:,.0f} MiB available")
 
 
-def _available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get without swapping (Linux), else None."""
+def _available_memory(root: str = "/") -> int | None:
+    """Bytes a new allocation can get now (Linux), else None: the kernel's MemAvailable, or less where
+    this process's memory cgroup (a hub's or a container's limit, which /proc/meminfo does not show) has
+    less room left under its limit (cgroup v2's memory.max, else v1's memory.limit_in_bytes)."""
+    base = Path(root)
+    found: list[int] = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        for line in (base / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    for limit, usage in (("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
+                         ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            cap = (base / limit).read_text().strip()
+            if cap != "max" and int(cap) < 1 << 60:  # "max" / a huge number: no limit
+                found.append(max(0, int(cap) - int((base / usage).read_text())))
+            break
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
 
 
 def _version(t: torch.Tensor) -> int:

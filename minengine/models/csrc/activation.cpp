@@ -4,7 +4,7 @@
 // Why: `F.silu(gate) * up` runs as two ATen ops. The first writes silu(gate) to a fresh tensor, the second
 // reads it back with `up` and writes a third: at a 512-token prompt chunk of a 2048-wide MLP that is three
 // 4 MB passes and two fresh allocations per layer, where one pass over x reads everything once. Measured
-// on llama-100m's mixed workload (benchmarks/throughput.py, 2 threads): the two ops took ~4 % of the run.
+// on llama-100m's mixed workload (benchmarks/throughput.py, 2 threads): the two ops took ~3 % of the run.
 //
 //   x [..., 2 * I] float32 (gate then up, the last dimension contiguous) -> [..., I]
 //
