@@ -68,6 +68,24 @@ def test_kernel_ab_smoke() -> None:
     assert linear_kernels._gemv is before
 
 
+def test_linear_layers_smoke() -> None:
+    # Every variant ran at each row count, the GEMV at one row only, the exact-count packing off 64 rows.
+    from benchmarks import linear_layers
+    from minengine.models import linear_kernels
+
+    if not linear_kernels.onednn_available():
+        pytest.skip("this torch has no oneDNN")
+    r = linear_layers.main(["--smoke"])
+    assert set(r["results"]) == {"1", "8"}
+    assert {"F.linear", "oneDNN", "oneDNN packed", "packed for 8"} == set(r["results"]["8"])
+    assert {"F.linear", "oneDNN", "oneDNN packed", "packed for 1"} <= set(r["results"]["1"])
+    assert all(t > 0 for times in r["results"].values() for t in times.values())
+    shape = common.SHAPES["llama-100m"]
+    shapes = linear_layers.step_shapes(shape)
+    assert len(shapes) == 4 * shape["num_hidden_layers"] + 1 and shapes[-1] == (32000, 768)
+    assert shapes[0] == (768 + 2 * 256, 768) and shapes[2] == (2 * 2048, 768)  # fused q/k/v, gate/up
+
+
 def test_throughput_smoke() -> None:
     from benchmarks import throughput
 
