@@ -26,6 +26,7 @@ on the ordinary weight; with the fp32 matmul peak and the read bandwidth measure
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,17 +55,16 @@ def step_shapes(shape: dict[str, Any]) -> list[tuple[int, int]]:
 def _step(kernel: Callable[[torch.Tensor, torch.Tensor], Any], weights: list[torch.Tensor],
           inputs: list[torch.Tensor]) -> Callable[[], None]:
     """One step: ``kernel(x, w)`` for every matrix, each with an input of its width."""
-    ins = inputs
 
     def run() -> None:
-        for x, w in zip(ins, weights, strict=True):
+        for x, w in zip(inputs, weights, strict=True):
             kernel(x, w)
 
     return run
 
 
 def _timed(fn: Callable[[], None]) -> Callable[[], float]:
-    import time
+    """``fn`` as a run for ``common.interleave``: returns its seconds."""
 
     def run() -> float:
         start = time.perf_counter()
