@@ -86,6 +86,34 @@ def test_linear_layers_smoke() -> None:
     assert shapes[0] == (768 + 2 * 256, 768) and shapes[2] == (2 * 2048, 768)  # fused q/k/v, gate/up
 
 
+def test_throughput_breakdown_counts_every_matmul_once() -> None:
+    """The clocked run charges the Linear layers exactly the workload's projection, MLP and LM-head FLOPs
+    (every computed token once, logits only for the rows that sample), and SDPA exactly the causal pairs
+    of the prompt chunks; the parts fit inside the wall time."""
+    from benchmarks import throughput, throughput_breakdown
+
+    r = throughput_breakdown.main(["--smoke"])
+    parts, work = r["parts"], r["work"]
+    config = common.hf_llama_config("llama-tiny")
+    linear, q, _, head = throughput._per_token_shape(config)
+    computed = sum(len(p) + o - 1 for p, o in work)  # the last output token is sampled, never computed
+    expected = 2 * linear * computed + 2 * head * sum(o for _, o in work)
+    charged = sum(v["work"] for k, v in parts.items() if k.startswith("linear"))
+    assert charged == pytest.approx(expected, rel=1e-9)
+    # prompts, chunked at 32 tokens: each chunk's queries against its context and itself, causally, in
+    # every layer (4 x head_dim FLOPs a pair and query head: q is head_dim x query heads)
+    pairs = sum(len(p) * (len(p) + 1) // 2 for p, _ in work)
+    assert parts["SDPA (prompt chunks)"]["work"] == pytest.approx(4 * q * pairs * config.num_hidden_layers, rel=1e-9)
+    from minengine.models import cpu_kernels
+
+    if cpu_kernels.load():  # every decode row through the kernel, charged its context's K and V once
+        contexts = sum(len(p) + t for p, o in work for t in range(1, o))
+        kv_row = 2 * 4 * config.num_key_value_heads * (q // config.num_attention_heads)  # K and V, fp32
+        assert parts["decode attention (C++ kernel)"]["work"] == kv_row * contexts * config.num_hidden_layers
+    assert sum(v["seconds"] for v in parts.values()) < r["wall_s"]
+    assert throughput_breakdown.table(r).count("\n") == len(parts) + 2  # header, rule, parts, the rest
+
+
 def test_throughput_smoke() -> None:
     from benchmarks import throughput
 
