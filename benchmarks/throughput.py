@@ -8,7 +8,8 @@
 
 The workload is nano-vllm's benchmark scaled to a 2-core CPU: N requests, prompt lengths uniform in
 [16, 512], output lengths uniform in [16, 256], random token ids, greedy, ``ignore_eos`` (every request
-generates exactly its output length), all sent at time 0. Engines, all on the same weights:
+generates exactly its output length), all sent at time 0 (``mixed_workload.py``: the workload and its
+floors). Engines, all on the same weights:
 
 - ``minengine-*``: ``LLM.generate`` with decode-first or prefill-first scheduling, chunked prefill on
   (token budget ``--chunk``) or off (budget = ``max_model_len``);
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import resource
 import threading
 import time
@@ -57,13 +57,15 @@ from minengine.metrics.stats import summarize
 from minengine.perf.measure import measure_matmul_flops, measure_read_bandwidth
 
 try:
-    from benchmarks import common
+    from benchmarks import common, mixed_workload
     from benchmarks.decode_floor import _TokenClock
+    from benchmarks.mixed_workload import Workload, make_workload, read_aware_floor, workload_flops
 except ImportError:  # run as a script: python benchmarks/throughput.py
     import common  # type: ignore[no-redef]
+    import mixed_workload  # type: ignore[no-redef]
     from decode_floor import _TokenClock  # type: ignore[no-redef]
+    from mixed_workload import Workload, make_workload, read_aware_floor, workload_flops  # type: ignore[no-redef]
 
-Workload = list[tuple[list[int], int]]  # (prompt token ids, output length)
 Result = tuple[list[RequestRecord], list[list[int]]]  # per request: record, generated ids
 # name: (policy, chunked prefill, compile_decode, attention_backend, linear_kernel, prepack_weights); None =
 # the engine's default (on a CPU in fp32: the C++ decode-attention kernel; Linear kernels timed at
@@ -85,60 +87,10 @@ OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-unpacked", 
 DEFAULT_ENGINES = [e for e in ENGINES if e not in OPT_IN]
 
 
-def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
-                  seed: int = 0) -> Workload:
-    rng = random.Random(seed)
-    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_range))], rng.randint(*output_range))
-            for _ in range(n)]
-
-
 def _record(i: int, prompt: list[int], t0: float, token_times: list[float]) -> RequestRecord:
     return RequestRecord(request_id=str(i), arrival_time=t0, num_prompt_tokens=len(prompt),
                          token_times=list(token_times), finish_time=token_times[-1],
                          num_output_tokens=len(token_times), finish_reason="length")
-
-
-def _per_token_shape(config: Any) -> tuple[int, int, int, int]:
-    """(weights each token multiplies through, query width, KV width, LM-head weights) of a Llama config."""
-    h, layers = config.hidden_size, config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    linear = layers * (h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size)
-    return linear, q, kv, h * config.vocab_size
-
-
-def workload_flops(config: Any, w: Workload) -> float:
-    """FLOPs the workload needs at the least: projections + MLP per computed token, causal attention per
-    (query, key) pair, the LM head per output token. The last output token is sampled, never computed."""
-    linear, q, _, head = _per_token_shape(config)
-    attention_per_pair = config.num_hidden_layers * 4 * q  # QK^T and PV, every head
-    total = 0.0
-    for prompt, out in w:
-        n = len(prompt) + out - 1  # tokens computed
-        total += 2 * linear * n + attention_per_pair * n * (n + 1) / 2 + 2 * head * out
-    return total
-
-
-def read_aware_floor(config: Any, w: Workload, peak_flops: float, read_bytes_per_s: float,
-                     dtype_bytes: int = 4) -> float:
-    """A tighter lower bound than the compute floor, in seconds: every prompt at the matmul peak, then one
-    decode step per output token with every unfinished request in it, each step no faster than the larger
-    of its FLOPs at the peak and its bytes (every weight once, every row's K/V) at the read bandwidth.
-
-    Small decode batches are bound by the weights' read, which the compute floor leaves out; no engine
-    can beat this either (it even assumes every prompt is done before the first decode step)."""
-    linear, q, kv, head = _per_token_shape(config)
-    layers = config.num_hidden_layers
-    weight_bytes = dtype_bytes * (linear + head * (1 if getattr(config, "tie_word_embeddings", False) else 2))
-    kv_bytes_per_token = dtype_bytes * 2 * layers * kv
-    prompts = sum(2 * linear * len(p) + layers * 4 * q * len(p) * (len(p) + 1) / 2 + 2 * head for p, _ in w)
-    seconds = prompts / peak_flops
-    for t in range(1, max(o for _, o in w)):  # decode step t computes token t of each unfinished request
-        contexts = [len(p) + t for p, o in w if o > t]
-        flops = sum(2 * linear + layers * 4 * q * c + 2 * head for c in contexts)
-        read = weight_bytes + kv_bytes_per_token * sum(contexts)
-        seconds += max(flops / peak_flops, read / read_bytes_per_s)
-    return seconds
 
 
 def rss_bytes() -> int:
@@ -286,25 +238,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", default="llama-12m", choices=sorted(common.SHAPES))
     ap.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                     help=f"comma-separated, from {', '.join(ENGINES)}")
-    ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--prompt-range", default="16,512")
-    ap.add_argument("--output-range", default="16,256")
-    ap.add_argument("--chunk", type=int, default=512, help="token budget per step (chunked prefill, HF CB)")
-    ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache size in tokens (both engines)")
+    mixed_workload.add_args(ap)
     ap.add_argument("--static-batch", type=int, default=16)
     ap.add_argument("--hf-cb-tokens", type=int, default=2048, help="HF CB max_batch_tokens (0 = its default)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--rounds", type=int, default=2, help="runs per engine (order reversed every round)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 6 short requests")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.shape, args.num_requests, args.prompt_range, args.output_range = "llama-tiny", 6, "4,40", "2,12"
-        args.chunk, args.max_model_len, args.kv_tokens, args.static_batch = 32, 64, 2048, 4
-        args.hf_cb_tokens, args.rounds = 64, 1
+        mixed_workload.apply_smoke(args)
+        args.static_batch, args.hf_cb_tokens, args.rounds = 4, 64, 1
     common.set_threads(args.threads)
     engines = args.engines.split(",")
     unknown = set(engines) - set(ENGINES)
@@ -316,8 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hf = common.load_hf(path)
     hf_setup = rss_bytes() - before_hf
     vocab = hf.config.vocab_size
-    work = make_workload(args.num_requests, _range(args.prompt_range), _range(args.output_range), vocab,
-                         args.seed)
+    work = mixed_workload.from_args(args, vocab)
     warm = make_workload(2, (8, 32), (4, 8), vocab, args.seed + 1)
     flops = workload_flops(hf.config, work)
     runners: dict[str, Callable[[Workload], Result]] = {}
@@ -386,11 +328,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"process peak RSS {_peak_rss_bytes() / 2**20:,.0f} MiB (all engines in one process)")
     common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes()})
     return results
-
-
-def _range(text: str) -> tuple[int, int]:
-    lo, hi = (int(x) for x in text.split(","))
-    return lo, hi
 
 
 def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) -> None:

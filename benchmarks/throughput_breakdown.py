@@ -37,9 +37,10 @@ from minengine.models import cpu_kernels, linear_kernels
 from minengine.perf.measure import measure_matmul_flops, measure_read_bandwidth
 
 try:
-    from benchmarks import common, throughput
+    from benchmarks import common, mixed_workload, throughput
 except ImportError:  # run as a script: python benchmarks/throughput_breakdown.py
     import common  # type: ignore[no-redef]
+    import mixed_workload  # type: ignore[no-redef]
     import throughput  # type: ignore[no-redef]
 
 ROW_BUCKETS = ((1, 1), (2, 8), (9, 32), (33, 64), (65, 1 << 30))  # Linear calls by rows: (low, high)
@@ -114,7 +115,7 @@ def clocked(tally: Tally) -> Iterator[None]:
         F.scaled_dot_product_attention = saved_sdpa  # type: ignore[assignment]
 
 
-def measure(run: Callable[[throughput.Workload], Any], work: throughput.Workload) -> dict[str, Any]:
+def measure(run: Callable[[mixed_workload.Workload], Any], work: mixed_workload.Workload) -> dict[str, Any]:
     """One clocked run of ``work``: its wall time, the machine's peak and bandwidth just before, the parts."""
     peak, bandwidth = measure_matmul_flops("cpu"), measure_read_bandwidth("cpu")
     tally = Tally()
@@ -151,30 +152,20 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-100m", choices=sorted(common.SHAPES))
-    ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--prompt-range", default="16,512")
-    ap.add_argument("--output-range", default="16,256")
-    ap.add_argument("--chunk", type=int, default=512, help="token budget per step (chunked prefill)")
-    ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--kv-tokens", type=int, default=65536)
+    mixed_workload.add_args(ap)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (0 = torch's default)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 6 short requests")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.shape, args.num_requests, args.prompt_range, args.output_range = "llama-tiny", 6, "4,40", "2,12"
-        args.chunk, args.max_model_len, args.kv_tokens = 32, 64, 2048
+        mixed_workload.apply_smoke(args)
     common.set_threads(args.threads)
     shape = common.SHAPES[args.shape]
     print(common.machine_line((shape["vocab_size"], shape["hidden_size"])))
     path = common.model_dir(args.shape)
-    prompts, outputs = (tuple(int(x) for x in r.split(",")) for r in (args.prompt_range, args.output_range))
-    work = throughput.make_workload(args.num_requests, prompts, outputs, shape["vocab_size"], args.seed)
+    work = mixed_workload.from_args(args, shape["vocab_size"])
     run = throughput.run_minengine(str(path), *throughput.MINENGINE["minengine-decode-first"], args)
     with torch.inference_mode():
-        run(throughput.make_workload(2, (8, 32), (4, 8), shape["vocab_size"], args.seed + 1))  # warm-up
+        run(mixed_workload.make_workload(2, (8, 32), (4, 8), shape["vocab_size"], args.seed + 1))  # warm-up
     result = measure(run, work)
     print(f"\n{args.shape}, minengine-decode-first, {args.num_requests} requests: wall {result['wall_s']:.1f} s; "
           f"matmul peak {result['peak_flops'] / 1e9:.0f} GFLOP/s, read {result['read_bytes_per_s'] / 1e9:.1f} GB/s "

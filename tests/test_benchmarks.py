@@ -90,12 +90,12 @@ def test_throughput_breakdown_counts_every_matmul_once() -> None:
     """The clocked run charges the Linear layers exactly the workload's projection, MLP and LM-head FLOPs
     (every computed token once, logits only for the rows that sample), and SDPA exactly the causal pairs
     of the prompt chunks; the parts fit inside the wall time."""
-    from benchmarks import throughput, throughput_breakdown
+    from benchmarks import mixed_workload, throughput_breakdown
 
     r = throughput_breakdown.main(["--smoke"])
     parts, work = r["parts"], r["work"]
     config = common.hf_llama_config("llama-tiny")
-    linear, q, _, head = throughput._per_token_shape(config)
+    linear, q, _, head = mixed_workload.per_token_shape(config)
     computed = sum(len(p) + o - 1 for p, o in work)  # the last output token is sampled, never computed
     expected = 2 * linear * computed + 2 * head * sum(o for _, o in work)
     charged = sum(v["work"] for k, v in parts.items() if k.startswith("linear"))
@@ -132,12 +132,12 @@ def test_throughput_rounds_run_the_same_workload() -> None:
     prefix cache kept between rounds would skip their prefills (it did until 2026-12-02)."""
     import argparse
 
-    from benchmarks import common, throughput
+    from benchmarks import common, mixed_workload, throughput
 
     args = argparse.Namespace(chunk=32, max_model_len=64, max_num_seqs=8, kv_tokens=2048)
     run = throughput.run_minengine(str(common.model_dir("llama-tiny")), "decode_first", True, False, None,
                                    None, None, args)
-    work = throughput.make_workload(4, (20, 40), (2, 4), 2048, 0)
+    work = mixed_workload.make_workload(4, (20, 40), (2, 4), 2048, 0)
     computed = []
     for _ in range(2):
         run(work)
@@ -281,15 +281,15 @@ def test_read_aware_floor_adds_the_reads_to_the_compute_floor() -> None:
     """With unlimited bandwidth it is the compute floor exactly; with a real one, small batches cost more."""
     from types import SimpleNamespace
 
-    from benchmarks import throughput
+    from benchmarks import mixed_workload
 
     config = SimpleNamespace(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=100, tie_word_embeddings=True)
-    work = throughput.make_workload(5, (4, 20), (2, 9), 100)
+    work = mixed_workload.make_workload(5, (4, 20), (2, 9), 100)
     peak = 1e9
-    compute = throughput.workload_flops(config, work) / peak
-    assert throughput.read_aware_floor(config, work, peak, float("inf")) == pytest.approx(compute)
-    slow = throughput.read_aware_floor(config, work, peak, 1e6)
+    compute = mixed_workload.workload_flops(config, work) / peak
+    assert mixed_workload.read_aware_floor(config, work, peak, float("inf")) == pytest.approx(compute)
+    slow = mixed_workload.read_aware_floor(config, work, peak, 1e6)
     steps = max(o for _, o in work) - 1
     weights = 4 * (2 * (64 * (64 + 64) + 64 * 64 + 3 * 64 * 128) + 64 * 100)
     assert slow > compute + steps * weights / 1e6 * 0.99  # every decode step reads every weight at least
