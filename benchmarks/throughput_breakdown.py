@@ -43,7 +43,9 @@ except ImportError:  # run as a script: python benchmarks/throughput_breakdown.p
     import mixed_workload  # type: ignore[no-redef]
     import throughput  # type: ignore[no-redef]
 
-ROW_BUCKETS = ((1, 1), (2, 8), (9, 32), (33, 64), (65, 1 << 30))  # Linear calls by rows: (low, high)
+# Linear calls by rows: (most rows, label), in order
+ROW_BUCKETS = ((1, "linear, 1 row"), (8, "linear, 2-8 rows"), (32, "linear, 9-32 rows"),
+               (64, "linear, 33-64 rows"), (float("inf"), "linear, 65+ rows"))
 
 
 class Tally:
@@ -60,9 +62,7 @@ class Tally:
 
 
 def _row_bucket(rows: int) -> str:
-    low, high = next(b for b in ROW_BUCKETS if b[0] <= rows <= b[1])
-    return f"linear, {low} row" if low == high else f"linear, {low}+ rows" if high > 1 << 20 else \
-        f"linear, {low}-{high} rows"
+    return next(label for most, label in ROW_BUCKETS if rows <= most)
 
 
 def _sdpa_pairs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> int:
@@ -129,7 +129,7 @@ def measure(run: Callable[[mixed_workload.Workload], Any], work: mixed_workload.
 
 def table(result: dict[str, Any]) -> str:
     peak, bandwidth, wall = result["peak_flops"], result["read_bytes_per_s"], result["wall_s"]
-    order = [_row_bucket(low) for low, _ in ROW_BUCKETS] + ["decode attention (C++ kernel)", "SDPA (prompt chunks)"]
+    order = [label for _, label in ROW_BUCKETS] + ["decode attention (C++ kernel)", "SDPA (prompt chunks)"]
     rows, counted = [], 0.0
     for name in order:
         part = result["parts"].get(name)

@@ -211,6 +211,9 @@ def test_attention_decode_smoke() -> None:
     r = attention_decode.main(["--smoke"])  # also checks that every variant gives the same output
     assert len(r["ms"]) == 4 and "C++ paged kernel (in place)" in r["ms"] and r["ideal"] > 0
     assert attn.CPU_DECODE_GROUP_TOKENS == before  # restored
+    for layout in ("consecutive", "cached"):  # the kernel alone, its output still checked against the gather
+        r = attention_decode.main(["--smoke", "--kernel-only", "--block-layout", layout, "--block-size", "8"])
+        assert list(r["ms"]) == ["C++ paged kernel (in place)"]
 
 
 def test_output_kinds_smoke() -> None:

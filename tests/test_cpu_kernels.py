@@ -152,7 +152,7 @@ def test_the_engine_runs_its_norms_through_the_kernel_on_a_cpu_in_fp32(hf_model_
 
     llm = LLM(hf_model_dir("qwen3"), max_model_len=64, num_blocks=16, block_size=4)
     norms = [m for m in llm.llm_engine.model.modules() if isinstance(m, RMSNorm)]
-    assert llm.llm_engine.norm_kernel and len(norms) > 3 and all(m.use_kernel for m in norms)  # q/k norms too
+    assert llm.llm_engine.small_op_kernels and len(norms) > 3 and all(m.use_kernel for m in norms)  # q/k norms too
     norm = llm.llm_engine.model.model.norm
     x = torch.randn(3, norm.weight.shape[0])
     with torch.inference_mode():

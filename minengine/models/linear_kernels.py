@@ -130,9 +130,9 @@ class KernelLinear(nn.Linear):
 
 def prepack_fits(model: nn.Module, available: int | None = None) -> tuple[bool, str]:
     """Whether a second copy of ``model``'s Linear weights fits comfortably: at most a quarter of the memory
-    available now (``_available_memory``: the kernel's figure or the memory cgroup's room, whichever is less;
-    where neither can be read, assume it fits). A hub gives
-    each student a few GB: there the copy of a 135M model in fp32 (540 MB) would be better left unmade."""
+    available now (``_available_memory``: the kernel's figure or the memory cgroup's room, whichever is
+    less; where neither can be read, assume it fits). A hub gives each student a few GB: there the copy of
+    a 135M model in fp32 (540 MB) would be better left unmade."""
     weights = {id(m.weight): m.weight.numel() * m.weight.element_size()
                for m in model.modules() if isinstance(m, nn.Linear)}
     need = sum(weights.values())
