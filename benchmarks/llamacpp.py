@@ -53,7 +53,7 @@ OUT = common.ROOT / "benchmarks" / "out" / "llamacpp"
 BUILD = OUT / "build"
 PYVENV = OUT / "pyvenv"  # llama-cpp-python[server], built from the same sdist, never in the project's venv
 SDIST_SPEC = "llama-cpp-python==0.3.36"  # the llama.cpp it vendors is the yardstick; bump deliberately
-TOOLS = ("llama-bench", "llama-server", "llama-quantize")
+TOOLS = ("llama-bench", "llama-server", "llama-quantize", "llama-batched-bench")  # the last: batched_yardstick.py
 # Not GGML_NATIVE: on a Xeon with AMX, -march=native compiles ggml's AMX matmuls, and here (a VM) their
 # first tile load dies with SIGILL in a worker thread (the kernel grants AMX state per process only on
 # request). So: the instruction sets this CPU lists in /proc/cpuinfo, AMX off. (Switching all of them on
@@ -86,7 +86,7 @@ CHAT_PROMPTS = ["What is the capital of France?", "Give me three tips for sleepi
 
 # ------------------------------------------------------------------------------------------- building
 def build() -> None:
-    """Download the sdist, unpack it, configure and build the three tools (idempotent)."""
+    """Download the sdist, unpack it, configure and build the tools (idempotent)."""
     OUT.mkdir(parents=True, exist_ok=True)
     sdists = sorted((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))
     if not sdists:

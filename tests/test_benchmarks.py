@@ -250,6 +250,24 @@ def test_llamacpp_smoke() -> None:
     assert 500e6 < r["weight_bytes"] < 600e6  # SmolLM2-135M in fp32, the tied LM head counted once
 
 
+def test_batched_yardstick_runs_llama_batched_benchs_shape() -> None:
+    """minengine's side of the batched yardstick: prefill-first runs llama-batched-bench's order (one step
+    for the 4 x 16 prompt tokens, then exactly G decode steps of every row), no engine beats its floor,
+    and the two phases' FLOPs are the mixed workload's count for the same requests (G + 1 outputs each)."""
+    from benchmarks import batched_yardstick, mixed_workload
+
+    r = batched_yardstick.main(["--smoke"])
+    phased = r["summary"]["minengine prefill-first"]
+    assert (phased["prefill_steps"], phased["decode_steps"]) == (1, r["args"]["gen"])
+    assert all(s["wall_s / floor"] > 1 and s["prefill_s / floor"] > 1 for s in r["summary"].values())
+    config = common.hf_llama_config("llama-100m")
+    prefill, decode = batched_yardstick.phase_flops(config, 3, 40, 7)
+    expected = mixed_workload.workload_flops(config, [([5] * 40, 8)] * 3)
+    assert prefill + decode == pytest.approx(expected, rel=1e-12)
+    assert decode == pytest.approx(mixed_workload.workload_flops(config, [([5] * 40, 8)] * 3)
+                                   - mixed_workload.workload_flops(config, [([5] * 40, 1)] * 3), rel=1e-12)
+
+
 def test_llamacpp_builds_only_the_instruction_sets_the_cpu_lists() -> None:
     # Switching every x86 extension on made llama-bench die with SIGILL on an AMD EPYC (AVX-512 VNNI, but
     # not the 256-bit AVX-VNNI); AMX stays off everywhere (SIGILL in a VM on the Xeon).

@@ -124,6 +124,24 @@ def test_the_rule_switches_only_for_a_clear_win() -> None:
 
 
 
+def test_kernels_are_timed_in_turn_and_keep_their_fastest_round() -> None:
+    """A burst of load over several consecutive calls must not decide the choice (it once made the GEMV
+    look barely faster than F.linear, and the choice is kept for the machine): the kernels take turns,
+    round by round, in reverse order every other round, and each keeps its fastest round."""
+    clock, order = [0.0], []
+    cost = {"a": 1.0, "b": 2.0, "c": 3.0}
+
+    def call(name: str) -> None:
+        order.append(name)
+        timed = len(order) - len(cost)  # after the warm-up calls
+        clock[0] += cost[name] * (10 if 1 <= timed <= 5 else 1)  # a burst over five calls in a row
+
+    calls = {name: (lambda n=name: call(n)) for name in cost}
+    best = linear_kernels._fastest_times(calls, rounds=4, clock=lambda: clock[0])
+    assert best == cost
+    assert order == ["a", "b", "c"] + ["a", "b", "c", "c", "b", "a"] * 2
+
+
 def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
     """The timings go into a file beside the kernels' build; a later process (here: a cleared cache)
     decides from the file without timing anything; a damaged file is timed again."""
@@ -140,11 +158,11 @@ def test_timings_are_measured_once_per_machine(tmp_path, monkeypatch) -> None:
         assert json.loads(path.read_text()) == {"384x96@1": first.times}
         timed: list[int] = []
 
-        def fake_timing(fn, repeats: int = 5) -> float:  # noqa: ANN001
+        def fake_timing(calls, rounds: int = 7) -> dict[str, float]:  # noqa: ANN001
             timed.append(1)
-            return 1.0
+            return dict.fromkeys(calls, 1.0)
 
-        monkeypatch.setattr(linear_kernels, "_median_time", fake_timing)
+        monkeypatch.setattr(linear_kernels, "_fastest_times", fake_timing)
         linear_kernels._choose_for.cache_clear()
         assert linear_kernels._choose_for(shape, 1) == first and not timed  # read back, not re-timed
         linear_kernels._choose_for.cache_clear()
@@ -181,7 +199,7 @@ def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(t
         linear_kernels._choose_for.cache_clear()
         first = linear_kernels._choose_for(shape, 1)
         assert not beside.exists() and json.loads(mine.read_text()) == {"384x96@1": first.times}
-        monkeypatch.setattr(linear_kernels, "_median_time", lambda fn, repeats=5: pytest.fail("timed again"))
+        monkeypatch.setattr(linear_kernels, "_fastest_times", lambda calls, rounds=7: pytest.fail("timed again"))
         linear_kernels._choose_for.cache_clear()
         assert linear_kernels._choose_for(shape, 1) == first  # the next process reads the user's file
         shared = {k: 2.0 for k in first.times}

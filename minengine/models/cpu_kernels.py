@@ -39,7 +39,9 @@ SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp", "activation.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
 ENV_DIR = "MINENGINE_KERNELS_DIR"  # one folder for builds, instead of the environment's, then ~/.cache (_roots)
-TIMINGS_FILE = "linear_timings.json"  # linear_kernels' measurements, kept with the build they timed
+# linear_kernels' measurements, kept with the build they timed. "_v2": timed in interleaved rounds since
+# 2026-12-02; the first file's entries, timed one kernel after another, are not read (some were skewed).
+TIMINGS_FILE = "linear_timings_v2.json"
 BUILD_HINT = "not built here: run `python -m minengine.models.cpu_kernels` (make setup does)"
 
 _state: dict[str, object] = {}  # "ok": bool once tried; "error": why not; "seconds": the load's time
