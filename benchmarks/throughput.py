@@ -28,8 +28,10 @@ requests. Every engine's outputs are checked against ``hf-sequential``'s (same g
 
 Compute floor: the workload's FLOPs (every computed token through the projections and the MLP, causal
 attention's QK^T and PV over its context, the LM head once per output token) divided by the fp32
-matmul peak measured in the same run, before each round (a 1024^3 product, the better of ``torch.mm``
-and oneDNN: ``measure_matmul_flops``). No engine can run the
+matmul peak measured in the same run (a 1024^3 product, the better of ``torch.mm`` and oneDNN:
+``measure_matmul_flops``), read before each round; every round's ratio uses the highest reading of the run,
+since load on a shared machine only lowers one (a reading during a burst once came out at 286 GFLOP/s
+between two of 441-475, and would have flattered its round's ratio by a third). No engine can run the
 workload faster; ``wall / floor`` says how far from what the hardware allows each one is (issue 13's goal
 for minengine on ``llama-100m``: <= 1.4x). Memory per engine: the resident memory its setup added (its
 model copy and KV cache as far as touched; HF engines share one model, counted once for each) and the
@@ -284,9 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.inference_mode(), tqdm(total=total, desc="engine runs", dynamic_ncols=True) as bar:
         for run in runners.values():
             run(warm)
+        readings: list[tuple[float, float]] = []  # (matmul peak, read bandwidth) before each round
         for r in range(args.rounds):  # odd rounds in reverse order, so no engine always runs last
-            peak_flops = measure_matmul_flops("cpu")  # this round's floor: the machine's matmul peak now
-            read_floor = read_aware_floor(hf.config, work, peak_flops, measure_read_bandwidth("cpu"))
+            readings.append((measure_matmul_flops("cpu"), measure_read_bandwidth("cpu")))
             for name in list(runners)[:: 1 if r % 2 == 0 else -1]:
                 bar.set_postfix_str(name)
                 load0 = common.loadavg()[0]
@@ -299,12 +301,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "wall_s": wall, "output_tok_s": s.total_output_tokens / wall,
                     "output_tokens": s.total_output_tokens, "ttft_p50": s.ttft.median, "ttft_p99": s.ttft.p99,
                     "itl_p50": s.itl.median, "itl_p99": s.itl.p99, "load": [load0, common.loadavg()[0]],
-                    "matmul_flops": peak_flops, "floor_s": flops / peak_flops,
-                    "floor_ratio": wall * peak_flops / flops, "read_floor_s": read_floor,
-                    "read_floor_ratio": wall / read_floor, "run_peak_bytes": mem.peak - mem.start,
-                    **getattr(runners[name], "steps", {}),
+                    "run_peak_bytes": mem.peak - mem.start, **getattr(runners[name], "steps", {}),
                 })
                 bar.update(1)
+    peak_flops, bandwidth = (max(x) for x in zip(*readings, strict=True))  # the run's best readings
+    read_floor = read_aware_floor(hf.config, work, peak_flops, bandwidth)
+    for rs in runs.values():
+        for x in rs:
+            x.update(matmul_flops=peak_flops, floor_s=flops / peak_flops, floor_ratio=x["wall_s"] * peak_flops / flops,
+                     read_floor_s=read_floor, read_floor_ratio=x["wall_s"] / read_floor)
     results: dict[str, Any] = {}
     for name, rs in runs.items():  # medians over rounds (the mean of two)
         results[name] = {k: common.median([x[k] for x in rs]) for k in rs[0] if k != "load"}
@@ -326,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["same_as_hf_sequential"] = None if differs is None else len(work) - len(differs)
     _print(results, args, work)
     print(f"process peak RSS {_peak_rss_bytes() / 2**20:,.0f} MiB (all engines in one process)")
-    common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes()})
+    common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes(),
+                                 "readings": readings})
     return results
 
 
@@ -339,7 +345,7 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
           f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds")
     any_run = next(iter(results.values()))
     print(f"compute floor: {any_run['workload_flops'] / 1e9:,.1f} GFLOP / {any_run['matmul_flops'] / 1e9:.0f} GFLOP/s "
-          f"(fp32 matmul peak: the better of MKL and oneDNN, median of the rounds) = {any_run['floor_s']:.1f} s; with the "
+          f"(fp32 matmul peak: the better of MKL and oneDNN, the highest of the rounds' readings) = {any_run['floor_s']:.1f} s; with the "
           f"weights' and K/V's read per decode step (`read_aware_floor`): {any_run['read_floor_s']:.1f} s\n")
     base = {k: results[k]["output_tok_s"] for k in ("hf-sequential", "hf-cb") if k in results}
     rows = []
