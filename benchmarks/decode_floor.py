@@ -228,12 +228,18 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
 
         return rotate(q), rotate(k)
 
+    def torch_rope(self: Any, tables: Any, qk: torch.Tensor, n: int) -> Any:  # 4 ops (RotaryEmbedding's doc)
+        cos, sin = tables
+        x1, x2 = qk.chunk(2, -1)
+        return (qk * cos + torch.cat((x2, x1), -1) * sin).split((n, qk.shape[1] - n), 1)
+
     variants: dict[str, dict[str, Any]] = {
         "as shipped": {},
         "q/k/v and gate/up as 5 GEMVs (before)": {"LlamaAttention.forward": unfused_attention,
                                                   "LlamaMLP.forward": unfused_mlp},
         "RMSNorm as 6 ops (before)": {"RMSNorm.forward": textbook_rms},
         "RMSNorm as F.rms_norm, not the C++ call (before)": {"RMSNorm.forward": torch_rms},
+        "RoPE as 4 ops, not the C++ call (before)": {"RotaryEmbedding.forward": torch_rope},
         "RoPE looked up per layer, q and k apart (before)": {"LlamaModel.forward": per_layer_rope_model,
                                                             "RotaryEmbedding.forward": per_layer_rope},
         "attention skipped": {"paged_attention": lambda q, *a, **k: q},

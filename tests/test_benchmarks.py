@@ -48,11 +48,28 @@ def test_decode_floor_breakdown_smoke() -> None:
     from benchmarks import decode_floor
     from minengine.models import linear_kernels, llama
 
-    before = (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward)
+    before = (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward,
+              llama.RotaryEmbedding.forward)
     (r,) = decode_floor.main(["--smoke", "--breakdown", "--overhead"])
-    assert len(r["breakdown"]) == 7 and all(t > 0 for t in r["breakdown"].values())
-    assert "RMSNorm as F.rms_norm, not the C++ call (before)" in r["breakdown"]
-    assert (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward) == before
+    assert len(r["breakdown"]) == 8 and all(t > 0 for t in r["breakdown"].values())
+    assert {"RMSNorm as F.rms_norm, not the C++ call (before)", "RoPE as 4 ops, not the C++ call (before)"} <= set(
+        r["breakdown"])
+    assert (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward,
+            llama.RotaryEmbedding.forward) == before
+
+
+def test_small_ops_smoke() -> None:
+    # Each kernel and the PyTorch ops it replaces are timed at every row count asked for.
+    from benchmarks import small_ops
+    from minengine.models import cpu_kernels
+
+    if not cpu_kernels.load():
+        pytest.skip(f"the CPU kernels are not built here: {cpu_kernels.build_error()}")
+    r = small_ops.main(["--smoke"])
+    assert set(r) == {"RMSNorm", "SwiGLU activation", "RoPE (q and k)"}
+    for by_rows in r.values():
+        assert set(by_rows) == {"1", "8"}
+        assert all(set(t) == {"PyTorch ops", "C++ kernel"} and min(t.values()) > 0 for t in by_rows.values())
 
 
 def test_kernel_ab_smoke() -> None:

@@ -194,6 +194,7 @@ def test_the_engine_runs_its_mlp_activation_through_the_kernel_on_a_cpu_in_fp32(
     llm = LLM(hf_model_dir("llama"), max_model_len=64, num_blocks=16, block_size=4)
     mlps = [m for m in llm.llm_engine.model.modules() if isinstance(m, LlamaMLP)]
     assert mlps and all(m.use_kernel for m in mlps)
+    assert llm.llm_engine.model.model.rotary_emb.use_kernel  # and RoPE's rotation (csrc/rotary.cpp)
     mlp = mlps[0]
     x = torch.randn(3, mlp.gate_up_proj.weight.shape[1])
     with torch.inference_mode():
@@ -206,6 +207,63 @@ def test_the_engine_runs_its_mlp_activation_through_the_kernel_on_a_cpu_in_fp32(
         assert mlp.gate_up_proj.weight.grad is not None
     bf16 = LLM(hf_model_dir("llama"), dtype="bfloat16", max_model_len=64, num_blocks=16, block_size=4)
     assert not any(m.use_kernel for m in bf16.llm_engine.model.modules() if isinstance(m, LlamaMLP))
+    assert not bf16.llm_engine.model.model.rotary_emb.use_kernel
+
+
+@pytest.mark.parametrize(("tokens", "q_heads", "kv_heads", "head_dim"), [(1, 12, 4, 64), (37, 9, 3, 64), (5, 4, 2, 128),
+                                                                         (3, 2, 1, 6), (0, 4, 2, 64)])
+def test_rotary_kernel_rotates_q_and_k_in_place_exactly_as_the_four_ops(tokens, q_heads, kv_heads, head_dim) -> None:
+    """csrc/rotary.cpp on the qk part of a fused qkv output (rows strided past v): bit for bit what
+    RotaryEmbedding's PyTorch ops give, at scattered positions; v, beside qk in each row, is untouched."""
+    from minengine.models.config import ModelConfig
+    from minengine.models.llama import RotaryEmbedding
+
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    config = ModelConfig(architecture="LlamaForCausalLM", hidden_size=q_heads * head_dim, intermediate_size=8,
+                         num_hidden_layers=1,
+                         num_attention_heads=q_heads, num_key_value_heads=kv_heads, vocab_size=8,
+                         max_position_embeddings=4096, head_dim=head_dim)
+    rope = RotaryEmbedding(config)
+    torch.manual_seed(0)
+    positions = torch.randint(0, 4096, (tokens,))
+    tables = rope.tables(positions, torch.float32)
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim) * 3
+    qk = qkv[:, :(q_heads + kv_heads) * head_dim].view(tokens, q_heads + kv_heads, head_dim)
+    v_before = qkv[:, (q_heads + kv_heads) * head_dim:].clone()
+    q_ref, k_ref = rope(tables, qk.clone(), q_heads)  # use_kernel off: the four ops
+    rope.use_kernel = True
+    q, k = rope(tables, qk, q_heads)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert q.data_ptr() == qk.data_ptr() or tokens == 0  # rotated where the projection left it
+    assert torch.equal(qkv[:, (q_heads + kv_heads) * head_dim:], v_before)
+
+
+def test_rotary_kernel_errors_are_readable_and_training_keeps_the_ops() -> None:
+    from minengine.models.config import ModelConfig
+    from minengine.models.llama import RotaryEmbedding
+
+    assert cpu_kernels.load(), cpu_kernels.build_error()
+    op = torch.ops.minengine.rotary_embedding_
+    cos, sin = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        op(torch.randn(2, 3, 8, dtype=torch.bfloat16), cos, sin)
+    with pytest.raises(RuntimeError, match="D even"):
+        op(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7))
+    with pytest.raises(RuntimeError, match="heads must be contiguous"):
+        op(torch.randn(2, 8, 3).transpose(1, 2), cos, sin)
+    with pytest.raises(RuntimeError, match="one contiguous row of 8 floats per token"):
+        op(torch.randn(3, 3, 8), cos, sin)
+    config = ModelConfig(architecture="LlamaForCausalLM", hidden_size=16, intermediate_size=8,
+                         num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+                         num_key_value_heads=1, vocab_size=8, max_position_embeddings=64)
+    rope = RotaryEmbedding(config)
+    rope.use_kernel = True
+    tables = rope.tables(torch.arange(4), torch.float32)
+    qk = torch.randn(4, 3, 8, requires_grad=True)
+    with torch.enable_grad():  # training takes the four ops: the kernel has no backward (and is in place)
+        q, k = rope(tables, qk, 2)
+        (q.square().sum() + k.sum()).backward()
+    assert qk.grad is not None and qk.grad.abs().sum() > 0
 
 
 def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path, monkeypatch) -> None:

@@ -74,7 +74,7 @@ class LLMEngine:
         )
 
         self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel, self.config.prepack_weights)
-        self.small_op_kernels = _use_small_op_kernels(model)  # True: csrc/rms_norm.cpp and csrc/activation.cpp run
+        self.small_op_kernels = _use_small_op_kernels(model)  # True: csrc/rms_norm.cpp, activation.cpp, rotary.cpp run
         num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
         plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
         self.kv_cache = PagedKVCache.allocate(
@@ -282,13 +282,13 @@ def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -
 
 def _use_small_op_kernels(model: torch.nn.Module) -> bool:
     """On a CPU in fp32 with the C++ kernels built, every RMSNorm runs as one call (``RMSNorm``'s doc),
-    and so does every SwiGLU activation (``LlamaMLP``'s)."""
+    and so do every SwiGLU activation (``LlamaMLP``'s) and every RoPE rotation (``RotaryEmbedding``'s)."""
     from minengine.models import cpu_kernels
-    from minengine.models.llama import LlamaMLP, RMSNorm
+    from minengine.models.llama import LlamaMLP, RMSNorm, RotaryEmbedding
 
     use = model.device.type == "cpu" and model.dtype == torch.float32 and cpu_kernels.load()
     for module in model.modules():
-        if isinstance(module, RMSNorm | LlamaMLP):
+        if isinstance(module, RMSNorm | LlamaMLP | RotaryEmbedding):
             module.use_kernel = use
     return use
 

@@ -9,6 +9,8 @@
 - ``onednn_linear.cpp``: oneDNN's linear as an op a compiled graph can call (``linear_kernels.py``).
 - ``rms_norm.cpp``: RMSNorm in one call, where ``F.rms_norm`` runs about seven small ops (``RMSNorm``).
 - ``activation.cpp``: SwiGLU's ``silu(gate) * up`` in one pass (vLLM's ``silu_and_mul``; ``LlamaMLP``).
+- ``rotary.cpp``: RoPE's rotation of q and k in place, in one pass (vLLM's ``rotary_embedding``;
+  ``RotaryEmbedding``).
 
 How they are built: ``python -m minengine.models.cpu_kernels`` (``make setup`` and Binder's ``postBuild``
 run it) compiles the files with the machine's compiler through ``torch.utils.cpp_extension`` (~10-30 s
@@ -36,7 +38,8 @@ import torch
 from minengine.models import data_dirs
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp", "activation.cpp")]
+           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp", "activation.cpp",
+                        "rotary.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
 ENV_DIR = "MINENGINE_KERNELS_DIR"  # one folder for builds, instead of the environment's, then ~/.cache (_roots)
 # linear_kernels' measurements, kept with the build they timed. "_v2": timed in interleaved rounds since

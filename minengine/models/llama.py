@@ -88,8 +88,12 @@ class RotaryEmbedding(nn.Module):
     Explicit positions (not "0..L-1") are what make packed batches, chunked prefill and decode work: every
     token is rotated by where it sits in its own sequence. ``tables`` looks the step's rows up once per
     forward (the model calls it before its first layer); each layer's call then rotates its q and k
-    heads together, in 4 ops.
+    heads together, in 4 ops. An engine in fp32 on a CPU with the C++ kernels built sets ``use_kernel``:
+    one in-place call of ``csrc/rotary.cpp`` instead, the same arithmetic bit for bit (a compiled graph
+    keeps the 4 ops, which inductor fuses anyway).
     """
+
+    use_kernel: bool = False
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -123,8 +127,13 @@ class RotaryEmbedding(nn.Module):
         """Rotate qk [N, H_q + H_kv, D] (q's heads, then k's: adjacent in the fused projection's output)
         with ``tables`` (rotate-half convention, like HF); returns (q [N, H_q, D], k [N, H_kv, D])."""
         cos, sin = tables
-        x1, x2 = qk.chunk(2, -1)
-        out = qk * cos + torch.cat((x2, x1), -1) * sin
+        if self.use_kernel and qk.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
+                torch.is_grad_enabled() and qk.requires_grad):  # the kernel has no backward
+            torch.ops.minengine.rotary_embedding_(qk, cos, sin)  # qk is this layer's fresh projection output
+            out = qk
+        else:
+            x1, x2 = qk.chunk(2, -1)
+            out = qk * cos + torch.cat((x2, x1), -1) * sin
         q, k = out.split((num_q_heads, qk.shape[1] - num_q_heads), 1)
         return q, k
 
