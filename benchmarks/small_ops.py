@@ -34,17 +34,19 @@ except ImportError:  # run as a script: python benchmarks/small_ops.py
 
 
 def fastest(calls: dict[str, Callable[[], Any]], rounds: int, loops: int) -> dict[str, float]:
-    """Seconds per call of each, its fastest round of ``loops`` calls, the calls taken in turn."""
-    for fn in calls.values():
-        fn()
-    best = dict.fromkeys(calls, float("inf"))
-    for r in range(rounds):
-        for name in list(calls) if r % 2 == 0 else list(calls)[::-1]:
+    """Seconds per call of each: its fastest round of ``loops`` calls, rounds interleaved (``common``)."""
+    def per_call(fn: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
             start = time.perf_counter()
             for _ in range(loops):
-                calls[name]()
-            best[name] = min(best[name], (time.perf_counter() - start) / loops)
-    return best
+                fn()
+            return (time.perf_counter() - start) / loops
+        return run
+
+    for fn in calls.values():  # warm-up
+        fn()
+    timed = common.interleave({name: per_call(fn) for name, fn in calls.items()}, rounds)
+    return {name: min(t.seconds) for name, t in timed.items()}
 
 
 def pairs(shape: dict[str, int], rows: int) -> dict[str, dict[str, Callable[[], Any]]]:
