@@ -204,10 +204,20 @@ def sim_interference(gpu: str = "h100-sxm", budget: int | None = 2048, policy: s
     cfg = sim.config
     per_step = cfg.max_num_batched_tokens - n_streams if cfg.enable_chunked_prefill else long_len
     window = math.ceil(long_len / max(per_step, 1))
-    if long_at is None:  # generous: 20 ms per warm-up step
-        long_at = max(1.0, 0.02 * (n_streams * stream_prompt / cfg.max_num_batched_tokens + n_streams))
+    # The run's own cost model prices the warm-up: a fitted CPU model can step 10x faster than an H100
+    # datasheet one, so fixed guesses either run the streams dry or overflow max_model_len.
+    cm = sim.cost_model
+    fastest_step = cm.decode_cost(n_streams, stream_prompt + 1).time  # bounds the steps in any interval
+    if long_at is None:  # 4x the warm-up priced as full-budget prefill steps, capped at 20 ms a step
+        warm_steps = math.ceil(n_streams * stream_prompt / cfg.max_num_batched_tokens) + 3
+        full_step = cm.prefill_cost(min(cfg.max_num_batched_tokens, n_streams * stream_prompt)).time
+        old_rule = max(1.0, 0.02 * (n_streams * stream_prompt / cfg.max_num_batched_tokens + n_streams))
+        long_at = min(old_rule, 4 * warm_steps * full_step)
     # Outputs long enough to stream through the whole window, with room for slow (tiny-budget) windows.
-    out = 4 * window + 4 * tail_steps + 400 + round(long_at / 0.005)
+    out = 4 * window + 4 * tail_steps + 400 + math.ceil(long_at / fastest_step)
+    if stream_prompt + out > cfg.max_model_len:
+        raise ValueError(f"the streams would need {stream_prompt + out} tokens of context, more than "
+                         f"max_model_len={cfg.max_model_len}: pass a smaller long_at")
     specs = [RequestSpec(0.0, stream_prompt, out) for _ in range(n_streams)]
     specs.append(RequestSpec(long_at, long_len, tail_steps + 2))
     result = sim.run(specs)
