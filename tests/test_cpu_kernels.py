@@ -65,7 +65,7 @@ def _reference(q, k_cache, v_cache, tables, lens, bs, window):
 @pytest.mark.parametrize(("h_q", "h_kv", "d"), [(12, 4, 64), (4, 4, 128), (16, 2, 32), (6, 2, 8), (3, 1, 96)],
                          ids=["gqa3-d64", "mha-d128", "gqa8-d32", "gqa3-d8", "mqa-d96"])
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])  # each thread takes a run of rows cut by keys to read
 def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: int | None, threads: int) -> None:
     lens = [1, 37, 16, 5, 64, 23, 100]
     bs = 8

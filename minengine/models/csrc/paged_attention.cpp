@@ -244,9 +244,25 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const float* k_ptr = k_cache.data_ptr<float>();
   const float* v_ptr = v_cache.data_ptr<float>();
   float* out_ptr = out.data_ptr<float>();
-  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
+  // One contiguous run of items per thread, cut where the keys to read (not the item count) are even:
+  // at::parallel_for alone cuts by count, and in a running batch one half can hold far more context than
+  // the other (on the mixed workload the busier of 2 threads had 8.5 % more keys than an even split;
+  // cutting by keys made the engine's own calls 1.6 % faster, replayed in one process). Contiguous,
+  // because neighbouring sequences' blocks tend to lie side by side: handing items out one at a time, in
+  // any order, measured 5-8 % slower.
+  const int64_t items = batch * chunks;
+  std::vector<int64_t> cut(items + 1, 0);  // cut[i]: keys read by the items before i
+  for (int64_t i = 0; i < items; ++i) {
+    const int64_t len = len_ptr[i / chunks];
+    cut[i + 1] = cut[i] + (sliding_window > 0 ? std::min<int64_t>(len, sliding_window) : len);
+  }
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
+  auto start_of = [&](int64_t worker) {  // the first item of this worker's run
+    return std::lower_bound(cut.begin(), cut.end() - 1, (cut[items] * worker + workers - 1) / workers) - cut.begin();
+  };
+  at::parallel_for(0, workers, 1, [&](int64_t first_worker, int64_t end_worker) {
     std::vector<float> scores(heads * group * longest), acc(heads * group * dim);
-    for (int64_t index = begin; index < end; ++index) {
+    for (int64_t index = start_of(first_worker); index < start_of(end_worker); ++index) {
       const int64_t b = index / chunks, h0 = (index % chunks) * heads, len = len_ptr[b];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t head = (b * num_heads + h0 * group) * dim;  // offset of the item's first query head
