@@ -204,11 +204,12 @@ def sim_interference(gpu: str = "h100-sxm", budget: int | None = 2048, policy: s
     cfg = sim.config
     per_step = cfg.max_num_batched_tokens - n_streams if cfg.enable_chunked_prefill else long_len
     window = math.ceil(long_len / max(per_step, 1))
-    # The run's own cost model prices the warm-up: a fitted CPU model can step 10x faster than an H100
-    # datasheet one, so fixed guesses either run the streams dry or overflow max_model_len.
+    # The run's own cost model prices the warm-up: a model fitted to a fast CPU steps in under a
+    # millisecond, a datasheet H100 serving an 8B model in several, so fixed guesses (once "5 ms a
+    # step") either run the streams dry or overflow max_model_len.
     cm = sim.cost_model
     fastest_step = cm.decode_cost(n_streams, stream_prompt + 1).time  # bounds the steps in any interval
-    if long_at is None:  # 4x the warm-up priced as full-budget prefill steps, capped at 20 ms a step
+    if long_at is None:  # 4x the warm-up priced as full-budget prefill steps, at most the old 20 ms/step rule
         warm_steps = math.ceil(n_streams * stream_prompt / cfg.max_num_batched_tokens) + 3
         full_step = cm.prefill_cost(min(cfg.max_num_batched_tokens, n_streams * stream_prompt)).time
         old_rule = max(1.0, 0.02 * (n_streams * stream_prompt / cfg.max_num_batched_tokens + n_streams))
