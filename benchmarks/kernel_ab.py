@@ -36,32 +36,34 @@ GEMV_SOURCE = "minengine/models/csrc/gemv.cpp"
 BUILD_ROOT = ROOT / "benchmarks" / "out" / "kernel_ab"
 
 
-def other_source(rev: str | None, source: str | None) -> tuple[str, str]:
-    """(label, C++ text) of the kernel to compare: a file, or gemv.cpp as it was at ``rev``."""
+def other_source(rev: str | None, source: str | None, path: str = GEMV_SOURCE) -> tuple[str, str]:
+    """(label, C++ text) of the kernel to compare: a file, or ``path`` as it was at ``rev``."""
     if source:
         return source, Path(source).read_text()
-    text = subprocess.run(["git", "show", f"{rev}:{GEMV_SOURCE}"], cwd=ROOT, capture_output=True, text=True)
+    text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
     if text.returncode != 0:
-        raise SystemExit(f"git show {rev}:{GEMV_SOURCE} failed: {text.stderr.strip()}")
-    return f"{GEMV_SOURCE} at {rev}", text.stdout
+        raise SystemExit(f"git show {rev}:{path} failed: {text.stderr.strip()}")
+    return f"{path} at {rev}", text.stdout
 
 
-def build_other(text: str) -> Any:
-    """Compile ``text`` as ``torch.ops.minengine_ab.gemv`` (its own namespace: both ops live in one process)."""
+def build_other(text: str, op: str = "gemv") -> Any:
+    """Compile ``text`` as ``torch.ops.minengine_ab.<op>`` (its own namespace: both ops live in one process)."""
     from torch.utils.cpp_extension import load
 
-    renamed = text.replace("TORCH_LIBRARY_FRAGMENT(minengine,", "TORCH_LIBRARY_FRAGMENT(minengine_ab,")
+    renamed = text
+    for macro in ("TORCH_LIBRARY(minengine,", "TORCH_LIBRARY_FRAGMENT(minengine,"):  # the def: a fragment,
+        renamed = renamed.replace(macro, "TORCH_LIBRARY_FRAGMENT(minengine_ab,")    # so several ops can share it
     renamed = renamed.replace("TORCH_LIBRARY_IMPL(minengine,", "TORCH_LIBRARY_IMPL(minengine_ab,")
     if renamed.count("minengine_ab,") != 2:
-        raise SystemExit("the other source does not register its op the way gemv.cpp does (TORCH_LIBRARY_*(minengine, ...))")
+        raise SystemExit("the other source does not register its op the way the kernels do (TORCH_LIBRARY*(minengine, ...))")
     cflags, ldflags = cpu_kernels._flags()
     tag = hashlib.sha1((renamed + " ".join(cflags + ldflags) + sys.prefix).encode()).hexdigest()[:12]
     folder = BUILD_ROOT / tag
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gemv_ab.cpp").write_text(renamed)
-    load(name=f"minengine_gemv_ab_{tag}", sources=[str(folder / "gemv_ab.cpp")], extra_cflags=cflags,
+    (folder / f"{op}_ab.cpp").write_text(renamed)
+    load(name=f"minengine_{op}_ab_{tag}", sources=[str(folder / f"{op}_ab.cpp")], extra_cflags=cflags,
          extra_ldflags=ldflags, build_directory=str(folder), is_python_module=False)
-    return torch.ops.minengine_ab.gemv
+    return getattr(torch.ops.minengine_ab, op)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -85,6 +85,19 @@ def test_kernel_ab_smoke() -> None:
     assert linear_kernels._gemv is before
 
 
+def test_attention_ab_smoke() -> None:
+    # The workload's own kernel calls are captured and replayed through both builds (the other compiled
+    # into the minengine_ab namespace beside kernel_ab's GEMV); the engine's kernel is put back.
+    from benchmarks import attention_ab
+    from minengine.models import cpu_kernels
+
+    before = cpu_kernels.paged_decode_attention
+    r = attention_ab.main(["--smoke", "--rev", "HEAD"])
+    assert r["calls"] > 0 and r["current_s"] > 0 and r["other_s"] > 0 and r["rounds"] == 2
+    assert r["other"] == "minengine/models/csrc/paged_attention.cpp at HEAD"
+    assert cpu_kernels.paged_decode_attention is before
+
+
 def test_linear_layers_smoke() -> None:
     # Every variant ran at each row count, the GEMV at one row only, the exact-count packing off 64 rows.
     from benchmarks import linear_layers

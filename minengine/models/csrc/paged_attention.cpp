@@ -247,7 +247,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   // One contiguous run of items per thread, cut where the keys to read (not the item count) are even:
   // at::parallel_for alone cuts by count, and in a running batch one half can hold far more context than
   // the other (on the mixed workload the busier of 2 threads had 8.5 % more keys than an even split;
-  // cutting by keys made the engine's own calls 1.6 % faster, replayed in one process). Contiguous,
+  // cutting by keys made the engine's own calls 1.04x faster: benchmarks/attention_ab.py). Contiguous,
   // because neighbouring sequences' blocks tend to lie side by side: handing items out one at a time, in
   // any order, measured 5-8 % slower.
   const int64_t items = batch * chunks;
@@ -262,7 +262,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   };
   at::parallel_for(0, workers, 1, [&](int64_t first_worker, int64_t end_worker) {
     std::vector<float> scores(heads * group * longest), acc(heads * group * dim);
-    for (int64_t index = start_of(first_worker); index < start_of(end_worker); ++index) {
+    for (int64_t index = start_of(first_worker), stop = start_of(end_worker); index < stop; ++index) {
       const int64_t b = index / chunks, h0 = (index % chunks) * heads, len = len_ptr[b];
       const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t head = (b * num_heads + h0 * group) * dim;  // offset of the item's first query head
