@@ -16,7 +16,7 @@ from typing import Any
 
 POLICY_NAMES = ("decode_first", "prefill_first")
 LINEAR_KERNELS = ("torch", "onednn")  # see minengine.models.linear_kernels
-ATTENTION_BACKENDS = ("gather", "flex", "cpp")  # see minengine.models.attention / paged_decode / cpu_kernels
+ATTENTION_BACKENDS = ("gather", "cpp", "triton")  # minengine.models.attention.backends (torch-free here)
 # CPU/MPS have no "free memory" query worth trusting, so the KV cache gets a fixed budget there (it is
 # also capped at what max_num_seqs sequences of max_model_len tokens could ever use).
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -51,10 +51,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     policy: Any = "decode_first"  # "decode_first" | "prefill_first" | a SchedulingPolicy object
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
-    # The fast path (minengine.engine.fast_path): None = on for CUDA, off elsewhere (the reference path).
-    enforce_eager: bool | None = None  # True: no CUDA graphs (vLLM's name); None: graphs on CUDA with flex only
-    # Decode attention: "gather" (the reference: copy the context out, SDPA) | "flex" (in place, GPU) |
-    # "cpp" (in place, the CPU's C++ kernel). None: flex on CUDA, cpp on a CPU for fp32 when it builds.
+    # CUDA graphs for decode steps (minengine.engine.fast_path): None = on for CUDA with the triton backend.
+    enforce_eager: bool | None = None  # True: no CUDA graphs (vLLM's name)
+    # Attention (minengine.models.attention.backends): "gather" (the reference: copy each context out,
+    # SDPA) | "cpp" (decodes in place in the CPU's C++ kernel) | "triton" (one kernel for the whole step,
+    # in place; a GPU's). None: triton on CUDA, cpp on a CPU for fp32 when it builds, else gather.
     attention_backend: str | None = None
     cudagraph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,... max_num_seqs
     # CPU only: run all-decode steps as one torch.compile'd graph (engine/compiled_decode.py). Off by

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# Without a GPU, Triton kernels run in Triton's interpreter (numpy on real CPU tensors): the GPU's own
+# attention kernels are then tested here on every commit. Triton reads this when a kernel is defined,
+# so it is set before any test imports one; subprocesses (servers, notebook kernels) inherit it.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -226,7 +226,7 @@ def test_options_it_cannot_honour_are_readable_errors(hf_model_dir) -> None:
         LLM(hf_model_dir("mistral"), compile_decode=True, **COMMON)  # a sliding window
     with pytest.raises(ValueError, match="needs float32 weights"):
         LLM(hf_model_dir("llama"), dtype="bfloat16", compile_decode=True, **COMMON)
-    from minengine.engine.fast_path import _compiled_decode
+    from minengine.engine.worker import _compiled_decode
 
     engine = LLM(hf_model_dir("llama"), **COMMON).llm_engine
     with pytest.raises(ValueError, match="CPU fast path"):

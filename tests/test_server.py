@@ -497,7 +497,10 @@ def test_serve_cli_subprocess(tmp_path):
     assert "serving 'tinystories-4m'" in err
     frozen = re.search(r"([\d,]+) start-up objects frozen out of GC walks", err)
     assert frozen and int(frozen.group(1).replace(",", "")) > 10_000, err  # torch alone is more
-    assert re.search(r"decode attention '(cpp|gather)'; linear layers: ", err), err  # which kernels it got
+    # what runs, in one line (backend, graphs, small ops, dtype, KV layout, and why each default)
+    assert re.search(r"minengine: attention '(cpp|gather)', no graphs, small ops (cpp|torch), float32 on cpu; "
+                     r"KV cache 4 layers x \(K, V\) x \[\d+ blocks, 16 tokens, 2 heads, 32\] float32", err), err
+    assert "linear: linear layers: " in err
 
 
 def test_serve_cli_bad_model_is_one_line(capsys):

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from minengine.cli.serve import add_backend_flags, backend_options
 from minengine.cli.validators import positive_int
 
 
@@ -47,6 +48,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
+    add_backend_flags(parser)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--compile-decode", action="store_true",
                         help="CPU: run decode steps as one torch.compile'd graph (compiles first, ~1 min)")
@@ -115,6 +117,7 @@ async def _stream_local(args: argparse.Namespace) -> Any:
     options: dict[str, Any] = {"device": args.device} if args.device else {}
     if args.compile_decode:
         options["compile_decode"] = True
+    options |= backend_options(args)
     from minengine.models.loader import cli_default_model
 
     model = args.model or cli_default_model()
@@ -122,6 +125,7 @@ async def _stream_local(args: argparse.Namespace) -> Any:
     llm = AsyncLLM(model=model, **options)
     try:
         engine = llm.engine
+        print(f"minengine: {engine.runtime.describe()}", file=sys.stderr, flush=True)
         defaults = generation_defaults(getattr(engine.model, "model_path", None))
         params = SamplingParams(
             temperature=args.temperature

@@ -55,6 +55,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-chunked-prefill", action="store_true", help="turn chunked prefill off")
     parser.add_argument("--compile-decode", action="store_true",
                         help="CPU: run decode steps as one torch.compile'd graph (compiles at start-up, ~1 min)")
+    add_backend_flags(parser)
     parser.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
@@ -68,6 +69,24 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info"
     )
     parser.set_defaults(func=run)
+
+
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    """--attention-backend and --enforce-eager, shared by serve and generate."""
+    from minengine.config import ATTENTION_BACKENDS
+
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=None,
+                        help="default: triton on CUDA, cpp on a CPU in fp32 (the start-up line says which runs)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def backend_options(args: argparse.Namespace) -> dict:
+    options: dict = {}
+    if getattr(args, "attention_backend", None):
+        options["attention_backend"] = args.attention_backend
+    if getattr(args, "enforce_eager", False):
+        options["enforce_eager"] = True
+    return options
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -89,7 +108,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         options["enable_chunked_prefill"] = False
     if args.compile_decode:
         options["compile_decode"] = True
-    return options
+    return options | backend_options(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,15 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"minengine serve: error: {e}", file=sys.stderr)
         return 2
     engine = app.state.llm.engine
-    compiled = engine.model_runner.compiled_decode
-    if compiled is not None:  # say whether the compiled path is on: a failed compile only warns
-        state = (f"off, running eagerly ({compiled.disabled})" if compiled.disabled
-                 else f"on, compiled in {compiled.compile_seconds:.1f} s")
-        print(f"minengine: compiled decode steps {state}", file=sys.stderr, flush=True)
-    if engine.device.type == "cpu":  # which kernels this CPU got (both are chosen, not fixed)
-        attention = engine.model_runner.attention_backend
-        print(f"minengine: decode attention {attention!r}; {engine.linear_kernel.describe()}",
-              file=sys.stderr, flush=True)
+    # What runs, on every device, in one line (backend, graphs, dtype, KV layout, and why each default)
+    print(f"minengine: {engine.runtime.describe()}", file=sys.stderr, flush=True)
     # Built and warmed up: keep the start-up heap out of the collector's walks, as vLLM does.
     frozen = freeze_gc_heap()
     print(

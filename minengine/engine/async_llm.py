@@ -42,6 +42,7 @@ class AsyncLLM:
         tokenizer: Any = None,
         **engine_options: Any,
     ) -> None:
+        self._owns_engine = engine is None
         self.engine = (
             engine if engine is not None else LLMEngine(model=model, tokenizer=tokenizer, **engine_options)
         )
@@ -113,6 +114,8 @@ class AsyncLLM:
             for out in await self._call(self.engine.abort_request, unfinished):
                 self._deliver(out)
         self._executor.shutdown(wait=True)
+        if self._owns_engine:  # an engine handed in belongs to the caller, who closes it
+            self.engine.close()
 
     # ---- internals ----
     def _add(

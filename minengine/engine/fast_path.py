@@ -1,42 +1,36 @@
-"""The GPU fast path: decode steps replayed from CUDA graphs, decodes attended in place in the paged cache.
+"""CUDA graphs for decode steps: a step's kernels recorded once per batch size, then replayed.
 
 Why: on a GPU a decode step of a small model is a few hundred tiny kernels, and launching them from
 Python costs more than running them. A CUDA graph records the kernels of one forward once and replays
 them with one launch. A graph has fixed shapes and fixed addresses, so (as in vLLM and nano-vllm):
 
-1. graphs are captured for a few batch sizes (``capture_sizes``: powers of two, then ``max_num_seqs``;
-   nano-vllm and vLLM capture more sizes, but each size here is also one compile of the flex kernel);
+1. graphs are captured for a few batch sizes (``capture_sizes``: powers of two, then ``max_num_seqs``);
 2. a step of n decodes runs the graph of the next size up (``bucket_for``), the extra rows padded with
    a dummy token that writes to and reads from a scratch KV block the scheduler never hands out;
 3. inputs are copied into *static* buffers before each replay, and the output is read from the
    static tensor the capture produced.
 
-Steps with a prefill, or more decodes than the largest size, run eagerly; their decodes can still use
-the in-place attention (``attention_backend="flex"``). ``EngineConfig.enforce_eager`` turns graphs off.
+The attention inside the graph is the Triton backend's kernel (``models/attention/triton_kernels.py``):
+its launch depends only on the batch size, and it reads every row's own blocks up to its own length.
+Steps with a prompt chunk, or more decodes than the largest size, run eagerly through the same backend.
+``EngineConfig.enforce_eager`` turns graphs off.
 
 The graph mechanics sit behind ``GraphBackend``: ``CudaGraphBackend`` on a GPU, ``EagerReplayBackend``
 (which "replays" by calling the function again on the same static buffers) so the bookkeeping (bucket
-choice, padding, buffer filling, output slicing) is tested on a CPU with the same code.
+choice, padding, buffer filling, output slicing) is tested on a CPU with the same code, the Triton
+kernel running under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-from minengine.config import EngineConfig
-from minengine.engine.kv_cache import PagedKVCache
-from minengine.engine.sampler import Sampler
-from minengine.models.attention import AttentionMetadata, KVCache
-from minengine.models.paged_decode import DecodeBatch
-
-if TYPE_CHECKING:
-    from minengine.engine.compiled_decode import CompiledDecode
-    from minengine.engine.model_runner import ModelRunner
+from minengine.models.attention import KVCache
+from minengine.models.attention.backends import TritonAttentionMetadata, TritonBackend
 
 MAX_CAPTURE_SIZE = 512  # nano-vllm's cap; bigger decode batches are compute-bound enough to run eagerly
 
@@ -94,9 +88,13 @@ class CudaGraphBackend:
         self.warmup = warmup
         self.pool = None
         self.num_captures = 0
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        # One side stream for every capture: cuBLAS keeps a workspace per stream it has run on, for the
+        # life of the process, so a stream per size cost 64 MiB each on an H200 (gpu_check, 2026-12-04).
+        self.stream = torch.cuda.Stream(device)
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
-        stream = torch.cuda.Stream(self.device)
+        stream = self.stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # warm-up on a side stream: lazy inits, autotuning, compilation
             for _ in range(self.warmup):
@@ -109,7 +107,15 @@ class CudaGraphBackend:
         if self.pool is None:
             self.pool = graph.pool()
         self.num_captures += 1
+        self.graphs.append(graph)
         return graph.replay, out
+
+    def release(self) -> None:
+        """Free every captured graph and the pool they share (the graphs' outputs live in it)."""
+        for graph in self.graphs:
+            graph.reset()
+        self.graphs.clear()
+        self.pool = None
 
 
 @dataclass
@@ -134,7 +140,7 @@ class DecodeGraphRunner:
         sizes: list[int],
         max_blocks_per_seq: int,
         pad_block: int,
-        backend: str,
+        attn_backend: TritonBackend,
         graph_backend: GraphBackend,
         device: torch.device,
     ) -> None:
@@ -143,23 +149,23 @@ class DecodeGraphRunner:
         if not 0 <= pad_block < self.num_cache_blocks:
             raise ValueError(f"pad_block {pad_block} is not a block of the cache ({self.num_cache_blocks})")
         self.model, self.kv_caches, self.device = model, kv_caches, device
-        self.sizes, self.pad_block, self.backend = sorted(sizes), pad_block, backend
+        self.sizes, self.pad_block, self.attn_backend = sorted(sizes), pad_block, attn_backend
+        self.graph_backend = graph_backend
         self.width = max_blocks_per_seq
         top = self.sizes[-1]
-        # One int64 block holds the per-row inputs (ids, positions, slots, blocks used, lengths), so a
-        # step is two host-to-device copies (this block and the used columns of the tables), pinned.
+        # One int64 block holds the per-row inputs (ids, positions, slots, lengths), so a step is two
+        # host-to-device copies (this block and the used columns of the tables), from pinned memory.
         pin = device.type == "cuda"
-        self._ints_host = torch.zeros((5, top), dtype=torch.long, pin_memory=pin)
+        self._ints_host = torch.zeros((4, top), dtype=torch.long, pin_memory=pin)
         # the step's tables, packed [b, kmax] (kmax = most blocks any row uses), then spread on the device
         self._tables_host = torch.full((top * self.width,), pad_block, dtype=torch.int32, pin_memory=pin)
         self._tables_dev = torch.empty(top * self.width, dtype=torch.int32, device=device)
         self._ints_np, self._tables_np = self._ints_host.numpy(), self._tables_host.numpy()
-        self._ints = torch.zeros((5, top), dtype=torch.long, device=device)
-        self.input_ids, self.positions, self.slot_mapping, self._used, self.seq_lens = self._ints.unbind(0)
+        self._ints = torch.zeros((4, top), dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slot_mapping, self._lens = self._ints.unbind(0)
+        self.seq_lens = torch.ones(top, dtype=torch.int32, device=device)  # from _lens, inside the graph
+        self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)  # one token a row
         self.block_tables = torch.full((top, self.width), pad_block, dtype=torch.int32, device=device)
-        self.num_blocks = torch.ones(top, dtype=torch.int32, device=device)  # from _used, inside the graph
-        self.p2l = (torch.full((top, self.num_cache_blocks), -1, dtype=torch.int32, device=device)
-                    if backend == "flex" else None)
         self._copied = torch.cuda.Event() if pin else None  # the host buffers may be reused after it
         self.graphs: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
         self.replays: dict[int, int] = {n: 0 for n in self.sizes}
@@ -169,32 +175,32 @@ class DecodeGraphRunner:
             self.graphs[size] = graph_backend.capture(self._forward_fn(size))
 
     def _forward_fn(self, b: int) -> Callable[[], torch.Tensor]:
-        batch = DecodeBatch(
-            self.block_tables[:b], self.num_blocks[:b], self.seq_lens[:b], self.block_size,
-            self.num_cache_blocks, self.backend, rows=torch.arange(b, device=self.device),
-            physical_to_logical=None if self.p2l is None else self.p2l[:b],
+        meta = TritonAttentionMetadata(
+            query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:b], slot_mapping=self.slot_mapping[:b], max_query_len=1,
+            backend=self.attn_backend,
         )
-        meta = AttentionMetadata(
-            query_start_loc=list(range(b + 1)), seq_lens=[1] * b, slot_mapping=self.slot_mapping[:b],
-            block_tables=[[self.pad_block]] * b, block_size=self.block_size, decode_batch=batch,
-        )
+
+        # The closure holds the tensors, not ``self``: the graphs it ends up in belong to ``self``, and a
+        # reference cycle would keep the whole engine alive until the cycle collector ran.
+        model, kv_caches = self.model, self.kv_caches
+        seq_lens, lens = self.seq_lens[:b], self._lens[:b]
+        input_ids, positions = self.input_ids[:b], self.positions[:b]
 
         @torch.inference_mode()
         def fn() -> torch.Tensor:
-            self.num_blocks[:b].copy_(self._used[:b])  # int64 -> int32, inside the graph
-            batch.refresh()  # physical_to_logical from the tables, inside the graph
-            return self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
+            seq_lens.copy_(lens)  # int64 -> int32, inside the graph
+            return model(input_ids, positions, meta, kv_caches)
 
         return fn
 
     def _fill_padding(self, start: int, stop: int) -> None:
-        """Host rows start..stop become padding: token 0 at position 0, one block (the scratch block)."""
+        """Host rows start..stop become padding: token 0 at position 0, length 1, in the scratch block."""
         ints = self._ints_np
         ints[0, start:stop] = 0
         ints[1, start:stop] = 0
         ints[2, start:stop] = self.pad_block * self.block_size
         ints[3, start:stop] = 1
-        ints[4, start:stop] = 1
 
     def can_run(self, num_decodes: int) -> bool:
         return bucket_for(num_decodes, self.sizes) is not None
@@ -202,8 +208,8 @@ class DecodeGraphRunner:
     def load(self, inputs: DecodeInputs) -> int:
         """Copy a step into the static buffers (rows past n become padding); returns the bucket size.
 
-        Table columns past the step's longest row are left as they are: flex never visits them, and the
-        static gather masks them out (they always hold some valid block id)."""
+        Table columns past the step's longest row keep what they held: the kernel reads a row's blocks
+        only up to its own length."""
         n = len(inputs.input_ids)
         b = bucket_for(n, self.sizes)
         if b is None:
@@ -221,11 +227,10 @@ class DecodeGraphRunner:
         tables.fill(self.pad_block)  # padding rows and the unused tail of short rows: the scratch block
         for i, (table, k) in enumerate(zip(inputs.block_tables, used, strict=True)):
             tables[i, :k] = table[:k]
-        ints[3, :n] = used
         ints[0, :n] = inputs.input_ids
         ints[1, :n] = inputs.positions
         ints[2, :n] = inputs.slots
-        ints[4, :n] = inputs.seq_lens
+        ints[3, :n] = inputs.seq_lens
         self._fill_padding(n, b)
         self._ints.copy_(self._ints_host, non_blocking=True)  # contiguous, pinned: asynchronous
         staged = self._tables_dev[: b * kmax]
@@ -246,117 +251,13 @@ class DecodeGraphRunner:
         """``load`` then ``replay``: hidden states [n, hidden] of one decode step."""
         return self.replay(self.load(inputs), len(inputs.input_ids))
 
-
-# ---- choosing and building the fast path (LLMEngine calls these) ----
-@dataclass
-class FastPathPlan:
-    """What the engine runs: ``attention_backend`` for decodes and whether decode steps use graphs."""
-
-    attention_backend: str
-    cuda_graphs: bool
-
-    @property
-    def enabled(self) -> bool:
-        return self.attention_backend != "gather" or self.cuda_graphs
-
-    @property
-    def extra_blocks(self) -> int:
-        """KV blocks allocated beyond the scheduler's: the scratch block padding rows write to (the C++
-        kernel pads nothing)."""
-        return 1 if self.enabled and self.attention_backend != "cpp" else 0
-
-
-def plan_fast_path(config: EngineConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FastPathPlan:
-    """None fields by device: CUDA gets flex attention and graphs; a CPU with fp32 weights the C++ decode
-    kernel when it builds (``models/cpu_kernels.py``), else the reference path. Graphs are on by
-    default only with flex: the static gather reads every row's longest allowed context."""
-    cuda = device.type == "cuda"
-    backend = config.attention_backend
-    if backend is None:
-        graphs_asked = config.enforce_eager is False  # on a CPU: the eager-replay test of the graph path
-        backend = "flex" if cuda else ("cpp" if not graphs_asked and _cpp_kernel_usable(device, dtype) else "gather")
-    elif backend == "cpp":
-        if device.type != "cpu" or dtype != torch.float32:
-            raise ValueError(f"attention_backend='cpp' is the CPU's fp32 kernel; this engine runs {dtype} on "
-                             f"{device.type} (use 'flex' or 'gather', or None to pick by device)")
-        if not _cpp_kernel_usable(device, dtype):
-            from minengine.models import cpu_kernels
-
-            raise ValueError(f"attention_backend='cpp': the CPU kernels are not in use ({cpu_kernels.build_error()})")
-    eager = config.enforce_eager if config.enforce_eager is not None else not (cuda and backend == "flex")
-    if backend == "cpp" and not eager:
-        raise ValueError("attention_backend='cpp' runs without graphs: leave enforce_eager unset or True")
-    return FastPathPlan(backend, not eager)
-
-
-def _cpp_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cpu" or dtype != torch.float32:
-        return False
-    from minengine.models import cpu_kernels
-
-    return cpu_kernels.load()
-
-
-def make_model_runner(
-    model: torch.nn.Module,
-    kv_cache: PagedKVCache,
-    device: torch.device,
-    sampler: Sampler,
-    config: EngineConfig,
-    plan: FastPathPlan,
-    graph_backend: GraphBackend | None = None,
-) -> ModelRunner:
-    """The engine's ``ModelRunner`` for ``plan`` (``kv_cache`` holds ``plan.extra_blocks`` more blocks
-    than the scheduler's ``kv_cache.num_blocks``; the last one is the scratch block)."""
-    runner = _make_runner(model, kv_cache, device, sampler, config, plan, graph_backend)
-    if config.compile_decode:
-        runner.compiled_decode = _compiled_decode(model, kv_cache, device)
-    return runner
-
-
-def _compiled_decode(model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device) -> CompiledDecode:
-    """The CPU's compiled decode steps, compiled now (on block 0: nothing is allocated yet); batch-1 steps
-    only when the Linear layers run on prepacked weights (``CompiledDecode.max_batch``)."""
-    from minengine.engine.compiled_decode import CompiledDecode
-
-    if device.type != "cpu":
-        raise ValueError(f"compile_decode is a CPU fast path; on {device.type} leave it off "
-                         "(on CUDA the engine replays CUDA graphs instead: enforce_eager=False)")
-    prepacked = any(getattr(m, "packed", None) is not None for m in model.modules())
-    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size, max_batch=1 if prepacked else None)
-    compiled.warmup(free_block=0)
-    return compiled
-
-
-def _make_runner(
-    model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
-    config: EngineConfig, plan: FastPathPlan, graph_backend: GraphBackend | None,
-) -> ModelRunner:
-    from minengine.engine.model_runner import ModelRunner
-
-    if not plan.enabled:
-        return ModelRunner(model, kv_cache, device, sampler)
-    assert config.max_model_len is not None, "resolve the EngineConfig first"
-    pad_block = int(kv_cache.kv_caches[0][0].shape[0]) - 1
-    width = -(-config.max_model_len // kv_cache.block_size)
-    graphs = None
-    if plan.attention_backend == "cpp":  # no padding rows, no graphs: only the kernel's block tables
-        return ModelRunner(model, kv_cache, device, sampler, attention_backend="cpp")
-    if plan.cuda_graphs:
-        if graph_backend is None:
-            graph_backend = CudaGraphBackend(device) if device.type == "cuda" else EagerReplayBackend()
-        try:
-            graphs = DecodeGraphRunner(
-                model, kv_cache.kv_caches, sizes=capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
-                max_blocks_per_seq=width, pad_block=pad_block, backend=plan.attention_backend,
-                graph_backend=graph_backend, device=device,
-            )
-        except Exception as e:  # an untested GPU/torch combination: run, slower, rather than fail
-            if device.type != "cuda":
-                raise
-            warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); running the reference "
-                          "path (set enforce_eager=True, attention_backend='gather' to skip the attempt)",
-                          RuntimeWarning, stacklevel=2)
-            return ModelRunner(model, kv_cache, device, sampler)
-    return ModelRunner(model, kv_cache, device, sampler, attention_backend=plan.attention_backend,
-                       graph_runner=graphs, pad_block=pad_block, max_blocks_per_seq=width)
+    def close(self) -> None:
+        """Drop the graphs, their memory pool and the pinned buffers (the engine's ``close``)."""
+        self.graphs.clear()
+        release = getattr(self.graph_backend, "release", None)
+        if release is not None:
+            release()
+        self.model = None  # type: ignore[assignment]
+        self.kv_caches = []
+        self._ints_host = self._tables_host = torch.empty(0)
+        self._ints_np = self._tables_np = None  # type: ignore[assignment]

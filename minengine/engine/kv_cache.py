@@ -43,12 +43,67 @@ def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype | str) -> i
     return _kvcalc_bytes_per_token(spec_from_model_config(model_config), _dtype_name(dtype))
 
 
-def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
-    return block_size * kv_bytes_per_token(model_config, dtype)
+# Block ids are int32 in every block table the kernels read (vLLM's too); slots and offsets are int64.
+MAX_BLOCK_ID = 2**31 - 1
 
 
-def _cuda_budget_bytes(config: EngineConfig, device: torch.device, model: torch.nn.Module | None) -> int:
-    """vLLM's rule: total x gpu_memory_utilization - memory in use - peak activations of the largest step."""
+@dataclass(frozen=True)
+class KVLayout:
+    """The per-layer KV tensors' shape and size, worked out without allocating anything."""
+
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    itemsize: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def numel(self) -> int:
+        """Elements in one layer's K (or V) tensor: the largest flat index any kernel computes, plus one."""
+        return self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+
+    @property
+    def strides(self) -> tuple[int, int, int, int]:
+        return (self.block_size * self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                self.head_dim, 1)
+
+
+def check_kv_index_space(model_config: ModelConfig, num_blocks: int, block_size: int,
+                         backend: str, itemsize: int = 2) -> KVLayout:
+    """Refuse, at start, a cache that some kernel could not index; return its per-layer layout.
+
+    Each layer has its own K and V tensors, and every kernel computes offsets in 64 bits from int32 block
+    ids (the Triton kernel casts each block id to int64 before multiplying by the block stride; PyTorch's
+    own indexing is 64-bit), so what can overflow is only the block id itself. A flat view of the whole
+    cache as one sequence (what flex attention needed) would pass 2**31 elements on an H200 with a small
+    model, and 32-bit offsets would then wrap: no kernel here takes such a view.
+    """
+    layout = KVLayout(num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim, itemsize)
+    if num_blocks - 1 > MAX_BLOCK_ID:
+        raise ValueError(
+            f"{num_blocks:,} KV blocks: block ids past {MAX_BLOCK_ID:,} do not fit the int32 block tables "
+            f"the {backend!r} attention reads. Raise block_size or set num_blocks / kv_cache_memory_bytes"
+        )
+    return layout
+
+
+def _useful_bytes(config: EngineConfig, per_token: int) -> int:
+    """The most KV memory the scheduler could ever fill: max_num_seqs sequences of max_model_len tokens."""
+    assert config.max_model_len is not None
+    blocks_per_seq = -(-config.max_model_len // config.block_size)
+    return config.max_num_seqs * blocks_per_seq * config.block_size * per_token
+
+
+def _cuda_budget_bytes(config: EngineConfig, device: torch.device, model: torch.nn.Module | None,
+                       per_token: int) -> int:
+    """vLLM's rule: total x gpu_memory_utilization - memory in use - peak activations of the largest step,
+    no more than ``max_num_seqs`` sequences of ``max_model_len`` tokens could ever use (a small model on
+    a large GPU would otherwise take millions of blocks it can never fill, and the block manager's
+    bookkeeping for each of them)."""
     free, total = torch.cuda.mem_get_info(device)
     activations = profile_peak_activation_bytes(model, config, device) if model is not None else 0
     budget = int(total * config.gpu_memory_utilization) - (total - free) - activations
@@ -59,16 +114,16 @@ def _cuda_budget_bytes(config: EngineConfig, device: torch.device, model: torch.
             f"{activations / 2**30:.2f} GiB for activations is {budget / 2**30:.2f} GiB. Raise "
             "gpu_memory_utilization, lower max_num_batched_tokens, or set kv_cache_memory_bytes"
         )
-    return budget
+    return min(budget, _useful_bytes(config, per_token))
 
 
 def _device_budget(
-    config: EngineConfig, device: torch.device, model: torch.nn.Module | None
+    config: EngineConfig, device: torch.device, model: torch.nn.Module | None, per_token: int
 ) -> Callable[[], int] | None:
     """The device-specific part of the budget (CUDA only; measured lazily), for ``EngineConfig``'s rule."""
     if device.type != "cuda":
         return None  # CPU/MPS: EngineConfig's fixed budget
-    return lambda: _cuda_budget_bytes(config, device, model)
+    return lambda: _cuda_budget_bytes(config, device, model, per_token)
 
 
 def kv_cache_budget_bytes(
@@ -80,7 +135,7 @@ def kv_cache_budget_bytes(
 ) -> int:
     """Bytes the KV cache may take on ``device``: ``EngineConfig.kv_cache_budget_bytes`` with this device."""
     per_token = kv_bytes_per_token(model_config, dtype)
-    return int(config.kv_cache_budget_bytes(per_token, _device_budget(config, device, model)))
+    return int(config.kv_cache_budget_bytes(per_token, _device_budget(config, device, model, per_token)))
 
 
 def determine_num_blocks(
@@ -93,7 +148,8 @@ def determine_num_blocks(
     """``EngineConfig.num_kv_blocks`` for this model on this device."""
     if config.num_blocks is not None:
         return config.num_blocks
-    return config.num_kv_blocks(kv_bytes_per_token(model_config, dtype), _device_budget(config, device, model))
+    per_token = kv_bytes_per_token(model_config, dtype)
+    return config.num_kv_blocks(per_token, _device_budget(config, device, model, per_token))
 
 
 @torch.inference_mode()

@@ -19,6 +19,7 @@ from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.engine.gc_heap import gc_heap_frozen
 from minengine.engine.llm_engine import LLMEngine, PromptType
 from minengine.engine.outputs import RequestOutput
+from minengine.engine.worker import RuntimeInfo
 
 
 class LLM:
@@ -43,6 +44,22 @@ class LLM:
     def config(self) -> EngineConfig:
         return self.llm_engine.config
 
+    @property
+    def runtime(self) -> RuntimeInfo:
+        """What this engine runs (attention backend, graphs, dtype, KV layout) and why."""
+        return self.llm_engine.runtime
+
+    def close(self) -> None:
+        """Free the engine's device memory now (KV cache, graphs, compiled steps); ``del llm`` does too.
+        A notebook that builds several engines on a GPU closes each one (or uses ``with LLM(...)``)."""
+        self.llm_engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
@@ -65,6 +82,8 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(prompt_list)} prompts")
         engine = self.llm_engine
+        if engine.closed:
+            raise RuntimeError("this LLM is closed; build a new one")
         # Only final outputs: no per-step copy of every request's growing output (vLLM does the same).
         final = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params_list}
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.

@@ -9,10 +9,10 @@ scheduled, each token, finish), every step its ``StepRecord``.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,12 +27,10 @@ from minengine.core.request import Request
 from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
-from minengine.engine.fast_path import make_model_runner, plan_fast_path
-from minengine.engine.kv_cache import PagedKVCache, determine_num_blocks
+from minengine.engine.kv_cache import PagedKVCache
 from minengine.engine.model_runner import ModelRunner
 from minengine.engine.outputs import CompletionOutput, RequestOutput
-from minengine.engine.sampler import Sampler
-from minengine.models import linear_kernels
+from minengine.engine.worker import RuntimeInfo, Worker
 from minengine.models.errors import ModelNotFoundError
 from minengine.models.loader import load_model, load_tokenizer
 
@@ -73,21 +71,17 @@ class LLMEngine:
             self.model_config, getattr(model, "model_path", None), self.tokenizer
         )
 
-        self.linear_kernel = _pick_linear_kernel(model, self.config.linear_kernel, self.config.prepack_weights)
-        self.small_op_kernels = _use_small_op_kernels(model)  # True: csrc/rms_norm.cpp, activation.cpp, rotary.cpp run
-        num_blocks = determine_num_blocks(self.config, self.model_config, self.dtype, self.device, model)
-        plan = plan_fast_path(self.config, self.device, self.dtype)  # CPU fp32: the C++ decode kernel
-        self.kv_cache = PagedKVCache.allocate(
-            self.model_config, num_blocks + plan.extra_blocks, self.config.block_size, self.dtype, self.device
-        )
-        self.kv_cache.num_blocks = num_blocks  # the scheduler's blocks; a fast path's scratch block is extra
-        self.scheduler = Scheduler(self.config, num_blocks)
-        sampler = Sampler(self.config.seed, self.device)
-        self.model_runner: ModelRunner = make_model_runner(
-            model, self.kv_cache, self.device, sampler, self.config, plan
-        )
+        # The device side (kernels, attention backend, KV cache, graphs) has one owner, which says what
+        # it runs (``self.runtime``) and releases it all on ``close()``.
+        self.worker = Worker(model, self.config)
+        self.kv_cache: PagedKVCache = self.worker.kv_cache
+        self.model_runner: ModelRunner = self.worker.model_runner
+        self.scheduler = Scheduler(self.config, self.worker.num_blocks)
+        # The stop checker reaches this engine through a weak reference: a bound method would make a
+        # cycle (engine -> core -> method -> engine) that only the cycle collector could free, and a
+        # frozen heap (gc.freeze) never would.
         self.engine_core = EngineCore(
-            self.scheduler, self.model_runner, clock=time.perf_counter, stop_checker=self._check_stop_string
+            self.scheduler, self.model_runner, clock=time.perf_counter, stop_checker=_weak_stop_checker(self)
         )
 
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -235,6 +229,37 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}")
         return None, ids
 
+    # ---- what runs, and the end of it ----
+    @property
+    def runtime(self) -> RuntimeInfo:
+        """What this engine runs: attention backend, graphs, dtype, KV layout, and why (``Worker``)."""
+        return self.worker.runtime
+
+    @property
+    def linear_kernel(self) -> Any:
+        return self.worker.linear_kernel
+
+    @property
+    def small_op_kernels(self) -> bool:
+        return self.worker.small_op_kernels
+
+    @property
+    def closed(self) -> bool:
+        return self.worker.closed
+
+    def close(self) -> None:
+        """Abort what is unfinished, then free the device side: KV cache, graphs, compiled steps, buffers.
+        The engine cannot run afterwards; ``del engine`` (with no ``close``) frees the same."""
+        if self.worker.closed:
+            return
+        unfinished = list(self.scheduler.requests)
+        if unfinished:
+            self.abort_request(unfinished)
+        self.worker.close()
+        self.engine_core.executor = _ClosedRunner()
+        self.model_runner = None  # type: ignore[assignment]
+        self.model = None
+
     # ---- numbers for lessons and the server ----
     @property
     def step_records(self) -> deque[StepRecord]:
@@ -280,37 +305,19 @@ def _eos_token_ids(model_config: Any, model_path: Path | None, tokenizer: Any) -
     return sorted(ids)
 
 
-def _use_small_op_kernels(model: torch.nn.Module) -> bool:
-    """On a CPU in fp32 with the C++ kernels built, every RMSNorm runs as one call (``RMSNorm``'s doc),
-    and so do every SwiGLU activation (``LlamaMLP``'s) and every RoPE rotation (``RotaryEmbedding``'s)."""
-    from minengine.models import cpu_kernels
-    from minengine.models.llama import LlamaMLP, RMSNorm, RotaryEmbedding
+class _ClosedRunner:
+    """What a closed engine's core executes with: a clear error instead of a freed cache."""
 
-    use = model.device.type == "cpu" and model.dtype == torch.float32 and cpu_kernels.load()
-    for module in model.modules():
-        if isinstance(module, RMSNorm | LlamaMLP | RotaryEmbedding):
-            module.use_kernel = use
-    return use
+    def execute_model(self, scheduler_output: Any) -> Any:
+        raise RuntimeError("this engine is closed; build a new one")
 
 
-def _pick_linear_kernel(model: torch.nn.Module, asked: str | None,
-                        prepack: bool | None = None) -> linear_kernels.KernelChoice:
-    """The Linear layers' kernels on a CPU in fp32 (``models/linear_kernels.py``): as asked, or timed;
-    weights prepacked for oneDNN when it runs the many-row calls (unless ``prepack`` is False)."""
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        if asked == "onednn" or prepack:
-            what = "linear_kernel='onednn'" if asked == "onednn" else "prepack_weights=True"
-            raise ValueError(f"{what} is for fp32 on a CPU; this model is {model.dtype} on {model.device.type}")
-        return linear_kernels.KernelChoice("torch", "torch", f"{model.dtype} on {model.device.type}", {})
-    choice = (linear_kernels.choose(model) if asked is None
-              else linear_kernels.KernelChoice(asked, asked, "asked for", {}))
-    if prepack and choice.many_rows != "onednn":  # insisted on: oneDNN runs the many-row calls
-        choice = dataclasses.replace(choice, many_rows="onednn", reason=choice.reason + "; oneDNN for prepacking")
-    packs = prepack is not False and choice.many_rows == "onednn"
-    if packs and prepack is None:  # the default: only where a second copy of the weights fits easily
-        packs, why = linear_kernels.prepack_fits(model)
-        if not packs:
-            choice = dataclasses.replace(choice, reason=f"{choice.reason}; {why}")
-    choice = dataclasses.replace(choice, prepacked=packs)
-    linear_kernels.apply(model, choice.one_row, choice.many_rows, prepack=choice.prepacked)
-    return choice
+def _weak_stop_checker(engine: LLMEngine) -> Any:
+    """``engine._check_stop_string`` without a strong reference to the engine (see ``__init__``)."""
+    ref = weakref.ref(engine)
+
+    def check(request: Request, finishing: bool) -> str | None:
+        alive = ref()
+        return None if alive is None else alive._check_stop_string(request, finishing)
+
+    return check

@@ -12,19 +12,18 @@ long its context is, and which cache slot each new K/V goes to. Logits are compu
 token of requests that reach the end of their tokens in this step: a partial prefill chunk samples
 nothing, and skipping its rows saves a [tokens, vocab] matmul.
 
-The fast path (``minengine.engine.fast_path``, on by default on CUDA) plugs in here without changing
-the interface: an all-decode step that fits a captured size replays a CUDA graph, and with
-``attention_backend="flex"`` (a GPU's default) or ``"cpp"`` (a CPU's, in fp32: the C++ kernel) the
-decodes of any step read the paged cache in place; prompt chunks always take the reference path. On a
-CPU, ``compile_decode=True`` runs all-decode steps as one compiled graph (``engine/compiled_decode.py``).
-With ``attention_backend="gather"`` the reference path runs exactly as before.
+Attention goes through the backend the worker chose (``models/attention/backends.py``): it builds the
+step's metadata here, once, and every layer's attention reads it. On a GPU (or on a CPU under the Triton
+interpreter) an all-decode step that fits a captured size replays a CUDA graph instead
+(``engine/fast_path.py``); on a CPU, ``compile_decode=True`` runs all-decode steps as one compiled graph
+(``engine/compiled_decode.py``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +31,7 @@ from minengine.core.engine_core import ModelRunnerOutput
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.engine.kv_cache import PagedKVCache
 from minengine.engine.sampler import Sampler
-from minengine.models.attention import AttentionMetadata
+from minengine.models.attention.backends import AttentionBackend, ReferenceBackend
 
 if TYPE_CHECKING:
     from minengine.engine.compiled_decode import CompiledDecode
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 class ModelInput:
     input_ids: torch.Tensor  # [N] int64, all new tokens of the batch
     positions: torch.Tensor  # [N] int64, each token's position in its own sequence
-    attn_metadata: AttentionMetadata
+    attn_metadata: Any  # what the attention backend built for this step
     logits_indices: torch.Tensor  # [M] rows of the hidden states to turn into logits
     sampled: list[ScheduledRequest]  # the M requests that get a new token, in logits order
 
@@ -57,23 +56,31 @@ class ModelRunner:
 
     def __init__(
         self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
-        *, attention_backend: str = "gather", graph_runner: DecodeGraphRunner | None = None,
-        pad_block: int | None = None, max_blocks_per_seq: int | None = None,
+        *, attn_backend: AttentionBackend | None = None, graph_runner: DecodeGraphRunner | None = None,
         compiled_decode: CompiledDecode | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
         self.sampler = sampler
-        self.attention_backend = attention_backend  # "gather": reference; "flex", "cpp": decodes in place
+        self.attn_backend = attn_backend if attn_backend is not None else ReferenceBackend()
         self.graph_runner = graph_runner  # None: no CUDA graphs (enforce_eager)
-        self.pad_block = pad_block  # the scratch KV block padding rows write to (fast path only)
-        self.max_blocks_per_seq = max_blocks_per_seq
         self.num_graph_steps = 0  # steps served by a graph replay
         self.compiled_decode = compiled_decode  # None: no compiled CPU decode steps (the default)
         # How the phase times in each StepRecord were taken (the record has no field for it).
         self.timing_method = ("torch.cuda.synchronize() before each perf_counter() read"
                               if device.type == "cuda" else "perf_counter() (CPU work is synchronous)")
+
+    @property
+    def attention_backend(self) -> str:
+        """The attention backend's name: "gather" (the reference), "cpp" or "triton"."""
+        return self.attn_backend.name
+
+    def close(self) -> None:
+        """Drop what this runner holds on the device (the worker's ``close``)."""
+        self.graph_runner = None
+        self.compiled_decode = None
+        self.model = None  # type: ignore[assignment]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: prepare, forward, sample; phase times go into the step's record."""
@@ -129,11 +136,7 @@ class ModelRunner:
             if s.sample:
                 logits_rows.append(len(ids) - 1)
                 sampled.append(s)
-        meta = AttentionMetadata.build(
-            query_lens, seq_lens, tables, self.kv_cache.block_size, device=self.device
-        )
-        if self.attention_backend != "gather":
-            self._attach_decode_batch(meta)
+        meta = self.attn_backend.build_metadata(query_lens, seq_lens, tables, self.kv_cache.block_size, self.device)
         return ModelInput(
             input_ids=_to_device(ids, self.device),
             positions=_to_device(positions, self.device),
@@ -188,30 +191,6 @@ class ModelRunner:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         index = _to_device(rows, self.device)
         return self.model.compute_logits(hidden[index]).float()
-
-    def _attach_decode_batch(self, meta: AttentionMetadata) -> None:
-        """Give the step's decodes a ``DecodeBatch`` (padded to a graph size, so compiled kernels see few
-        shapes), so attention reads them in place; prefill chunks keep the reference path."""
-        from minengine.engine.fast_path import MAX_CAPTURE_SIZE, bucket_for, capture_sizes
-        from minengine.models.paged_decode import build_decode_batch
-
-        assert meta.block_tables is not None
-        seqs = [i for i, n in enumerate(meta.query_lens) if n == 1]
-        if not seqs:
-            return
-        pad_to = None
-        if self.pad_block is not None and self.attention_backend == "flex":
-            pad_to = bucket_for(len(seqs), capture_sizes(MAX_CAPTURE_SIZE)) or len(seqs)
-        batch = build_decode_batch(
-            [meta.block_tables[i] for i in seqs], [meta.seq_lens[i] for i in seqs], meta.block_size,
-            int(self.kv_cache.kv_caches[0][0].shape[0]), backend=self.attention_backend,
-            width=self.max_blocks_per_seq if self.attention_backend != "cpp" else None, pad_to=pad_to,
-            pad_block=self.pad_block, device=self.device,
-        )
-        # the decodes' rows of the packed batch: a sequence's index is its row only while no prompt chunk
-        # comes before it in the step (a running request's next chunk can)
-        batch.rows = _to_device([meta.query_start_loc[i] for i in seqs], self.device)
-        meta.decode_batch = batch
 
 
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minengine.models.attention import AttentionMetadata, KVCache, paged_attention
+from minengine.models import triton_ops
+from minengine.models.attention import AttentionMetadata, KVCache, attention_forward
 from minengine.models.config import ModelConfig
 from minengine.models.paged_decode import DecodeTensors
 
@@ -41,13 +42,17 @@ class RMSNorm(nn.Module):
     """
 
     use_kernel: bool = False
+    use_triton: bool = False  # a GPU's one-kernel RMSNorm (models/triton_ops.py), set by the worker
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.variance_epsilon = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``out`` (with ``use_triton``): write the result there, e.g. in place (``out=x``)."""
+        if self.use_triton:
+            return triton_ops.rms_norm(x, self.weight, self.variance_epsilon, out=out)
         shape = (x.shape[-1],)
         if x.dtype == torch.float32:
             if self.use_kernel and not torch.compiler.is_compiling() and not (
@@ -94,6 +99,7 @@ class RotaryEmbedding(nn.Module):
     """
 
     use_kernel: bool = False
+    use_triton: bool = False  # a GPU's one-kernel rotation, in place (models/triton_ops.py)
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -127,7 +133,9 @@ class RotaryEmbedding(nn.Module):
         """Rotate qk [N, H_q + H_kv, D] (q's heads, then k's: adjacent in the fused projection's output)
         with ``tables`` (rotate-half convention, like HF); returns (q [N, H_q, D], k [N, H_kv, D])."""
         cos, sin = tables
-        if self.use_kernel and qk.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
+        if self.use_triton:
+            out = triton_ops.rotary_(qk, cos, sin)  # qk is this layer's fresh projection output
+        elif self.use_kernel and qk.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
                 torch.is_grad_enabled() and qk.requires_grad):  # the kernel has no backward
             torch.ops.minengine.rotary_embedding_(qk, cos, sin)  # qk is this layer's fresh projection output
             out = qk
@@ -179,10 +187,14 @@ class LlamaAttention(nn.Module):
         qk = qk.view(n, heads + kv_heads, d)
         if self.qk_norm:  # Qwen3 normalises each head before RoPE
             q, k = qk.split((heads, kv_heads), 1)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1)
+            if self.q_norm.use_triton:  # in place, in the projection's fresh output: no copy, no cat
+                self.q_norm(q, out=q)
+                self.k_norm(k, out=k)
+            else:
+                qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1)
         q, k = rotary_emb(rope, qk, heads)
         v = self.v_proj(v).view(n, kv_heads, d)
-        out = paged_attention(q, k, v, kv_cache, attn_metadata, self.scaling, self.sliding_window)
+        out = attention_forward(q, k, v, kv_cache, attn_metadata, self.scaling, self.sliding_window)
         return self.o_proj(out.reshape(n, heads * d))
 
 
@@ -195,6 +207,7 @@ class LlamaMLP(nn.Module):
     fuses them anyway)."""
 
     use_kernel: bool = False
+    use_triton: bool = False  # a GPU's one-kernel activation (models/triton_ops.py)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -205,6 +218,8 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.use_triton:
+            return self.down_proj(triton_ops.silu_and_mul(gate_up))
         if self.use_kernel and gate_up.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
                 torch.is_grad_enabled() and gate_up.requires_grad):  # the kernel has no backward
             return self.down_proj(torch.ops.minengine.silu_and_mul(gate_up))

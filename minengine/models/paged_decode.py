@@ -8,18 +8,15 @@ with shapes that change each step. Here a decode batch is described by fixed-sha
     num_blocks   [B]    int32   blocks in use per row
     seq_lens     [B]    int64   tokens per row including the new one (the query sits at seq_lens - 1)
 
-Three ways to attend (``backend``):
+Two ways to attend (``backend``):
 
-- ``"flex"``: ``torch.nn.attention.flex_attention`` over the whole cache viewed as one long sequence
-  ``[1, H_kv, num_blocks * block_size, D]``, with a ``BlockMask`` whose kv indices *are* the block
-  table: the kernel visits only each row's own blocks, in place (the ``PagedAttention`` idea of
-  ``torch.nn.attention.experimental``). A ``physical_to_logical`` map turns a cache slot back into a
-  position for the causal / sliding-window mask. Compiled on CUDA; eager (unfused, slow) on CPU, where
-  it serves to test the layout against the reference path.
-- ``"gather"``: the static-shape fallback: gather all W blocks of each row and mask what is past its
-  length. Graph-capturable, but it reads W blocks per row whatever the true length.
+- ``"gather"``: the static-shape form: gather all W blocks of each row and mask what is past its
+  length. It reads W blocks per row whatever the true length: a yardstick for the kernels.
 - ``"cpp"``: the CPU's C++ kernel (``cpu_kernels.py``, ``csrc/paged_attention.cpp``): each row's
   blocks read once, in place, up to its own length. No padding, no graph: the CPU's default for fp32.
+
+A GPU attends with the Triton backend instead (``models/attention/triton_kernels.py``), which serves
+prompt chunks and decodes in one kernel.
 
 Padding rows (a batch padded up to a CUDA-graph size) point at a scratch block the scheduler never
 hands out, with length 1, so they write and read only that block.
@@ -27,17 +24,13 @@ hands out, with length 1, so they write and read only that block.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-DECODE_BACKENDS = ("flex", "gather", "cpp")
-# flex's decode kernel tiles the keys in BLOCK_N columns; a KV block smaller than its default must
-# set it (CUDA only; None keeps torch's choice).
-FLEX_KERNEL_OPTIONS: dict[str, Any] | None = None
+DECODE_BACKENDS = ("gather", "cpp")
 
 
 @dataclass
@@ -49,36 +42,16 @@ class DecodeBatch:
     seq_lens: torch.Tensor  # [B] int64
     block_size: int
     num_cache_blocks: int  # blocks in the cache tensors (the scratch block included)
-    backend: str = "flex"
+    backend: str = "cpp"
     rows: torch.Tensor | None = None  # [n <= B] query rows of the packed batch that are these decodes
-    physical_to_logical: torch.Tensor | None = None  # [B, num_cache_blocks] int32, "flex" only
 
     def __post_init__(self) -> None:
         if self.backend not in DECODE_BACKENDS:
             raise ValueError(f"unknown decode backend {self.backend!r}: use one of {', '.join(DECODE_BACKENDS)}")
-        if self.backend == "flex" and self.physical_to_logical is None:
-            b = self.block_tables.shape[0]
-            self.physical_to_logical = torch.empty(
-                (b, self.num_cache_blocks), dtype=torch.int32, device=self.block_tables.device
-            )
-            self.refresh()
 
     @property
     def batch_size(self) -> int:
         return int(self.block_tables.shape[0])
-
-    def refresh(self) -> None:
-        """Rebuild ``physical_to_logical`` from the block tables, with tensor ops only (graph-safe)."""
-        if self.physical_to_logical is None:
-            return
-        b, w = self.block_tables.shape
-        logical = torch.arange(w, device=self.block_tables.device, dtype=torch.int32).expand(b, w)
-        live = logical < self.num_blocks.unsqueeze(1)
-        # Unused table entries write to an extra column that is dropped, so they can't clobber a real one.
-        index = torch.where(live, self.block_tables.long(), self.num_cache_blocks)
-        p2l = torch.full((b, self.num_cache_blocks + 1), -1, dtype=torch.int32, device=index.device)
-        p2l.scatter_(1, index, logical.contiguous())
-        self.physical_to_logical.copy_(p2l[:, : self.num_cache_blocks])
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
@@ -88,7 +61,7 @@ class DecodeBatch:
         n = q.shape[0]
         if n < self.batch_size:
             q = torch.cat([q, q.new_zeros((self.batch_size - n, *q.shape[1:]))])
-        fn = {"flex": flex_decode, "gather": gather_decode, "cpp": cpp_decode}[self.backend]
+        fn = {"gather": gather_decode, "cpp": cpp_decode}[self.backend]
         return fn(q, k_cache, v_cache, self, scale, sliding_window)[:n]
 
 
@@ -98,7 +71,7 @@ def build_decode_batch(
     block_size: int,
     num_cache_blocks: int,
     *,
-    backend: str = "flex",
+    backend: str = "cpp",
     width: int | None = None,
     pad_to: int | None = None,
     pad_block: int | None = None,
@@ -125,71 +98,6 @@ def build_decode_batch(
     lens = torch.tensor(list(seq_lens) + [1] * (b - n), dtype=torch.long)
     dev = torch.device(device)
     return DecodeBatch(tables.to(dev), num_blocks.to(dev), lens.to(dev), block_size, num_cache_blocks, backend)
-
-
-def _flat_cache(cache: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, block_size, H, D] -> [1, H, num_blocks * block_size, D], a view (no copy)."""
-    nb, bs, h, d = cache.shape
-    return cache.view(1, nb * bs, h, d).transpose(1, 2)
-
-
-@functools.cache
-def _compiled_flex() -> Any:
-    """flex_attention compiled once per process, with static shapes (a static batch is what lets inductor
-    pick its split-KV decoding kernel) except the cache length, marked dynamic per call so that engines
-    with different cache sizes share kernels. One compile per batch size: the graph sizes are few."""
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import flex_attention
-
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def flex_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: DecodeBatch, scale: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """q [B, H_q, D] -> [B, H_q, D] by flex_attention over the cache in place (see the module doc)."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    bsz, bs = batch.batch_size, batch.block_size
-    p2l, seq_lens = batch.physical_to_logical, batch.seq_lens
-    assert p2l is not None
-
-    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        logical = p2l[b, kv_idx // bs]
-        pos = logical * bs + kv_idx % bs
-        keep = (logical >= 0) & (pos < seq_lens[b])
-        if sliding_window is not None:
-            keep = keep & (pos > seq_lens[b] - 1 - sliding_window)
-        return keep
-
-    total = k_cache.shape[0] * bs
-    mask = BlockMask.from_kv_blocks(
-        batch.num_blocks.view(bsz, 1, 1), batch.block_tables.view(bsz, 1, 1, -1),
-        BLOCK_SIZE=(128, bs), mask_mod=mask_mod, seq_lengths=(1, total), compute_q_blocks=False,
-    )
-    keys, values = _flat_cache(k_cache), _flat_cache(v_cache)
-    queries = q.unsqueeze(2).to(keys.dtype)  # [B, H_q, 1, D]
-    kwargs: dict[str, Any] = dict(block_mask=mask, scale=scale, enable_gqa=q.shape[1] != keys.shape[1])
-    if q.device.type == "cuda":
-        if FLEX_KERNEL_OPTIONS is not None:
-            kwargs["kernel_options"] = FLEX_KERNEL_OPTIONS
-        import torch._dynamo
-
-        flex = _compiled_flex()
-        for t in (keys, values):
-            torch._dynamo.mark_dynamic(t, 2)
-        out = flex(queries, keys, values, **kwargs)
-    else:
-        import warnings
-
-        with warnings.catch_warnings():  # the "unfused on CPU" warning: expected, this is the test path
-            warnings.simplefilter("ignore", UserWarning)
-            out = flex_attention(queries, keys, values, **kwargs)
-    return out.squeeze(2).to(q.dtype)
 
 
 def gather_decode(
