@@ -51,13 +51,23 @@ TARGETS = ["course", "test", "test-browser", "test-hub", "setup", "kernels", "mo
 
 
 # ------------------------------------------------------------------------------------- make, read
+@cache
+def clean_environment() -> dict[str, str]:
+    """This process's environment without what an outer make passes down (``make test BROWSER_INSTALL=0``
+    exports the override, and MAKEFLAGS carries it and the job server), so each check sees the defaults."""
+    settable = set(re.findall(r"^(\w+)\s*\?=", (ROOT / "Makefile").read_text(), flags=re.M))
+    dropped = settable | {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "GNUMAKEFLAGS"}
+    return {k: v for k, v in os.environ.items() if k not in dropped}
+
+
 def make(*args: str, venv: Path | None = None, timeout_s: float = 120, **env: str
          ) -> subprocess.CompletedProcess:
     """``make -C ROOT args`` (with ``VENV=venv`` when given), its output as text."""
     cmd = [MAKE, "--no-print-directory", "-C", str(ROOT), *args]
     if venv is not None:
         cmd.append(f"VENV={venv}")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **env})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**clean_environment(), **env})
 
 
 @cache
