@@ -38,6 +38,10 @@ help:
 	@echo "make grade NB=path/to/lab.ipynb      self-paced: grade it with the hidden tests and open the feedback"
 	@echo "make release | autograde | feedback | export   grade a class with nbgrader (labs/README.md)"
 	@echo "make book     the course as a static HTML site with the lessons' outputs (build/book/_build/html/)"
+	@echo "make test-hub a class on a real JupyterHub with the 30-student load test (root, useradd, node)"
+	@echo "make setup    only the set-up: .venv, the CPU kernels (make kernels) and SmolLM2 (make models)"
+	@echo "make browser  Debian's chromium for the browser tests (as root; BROWSER_INSTALL=0 skips it)"
+	@echo "make clean-venv   remove .venv (the next command sets it up again)"
 
 setup: $(STAMP) kernels models
 
@@ -114,9 +118,10 @@ clean-venv:
 	rm -rf $(VENV)
 
 # A class on JupyterHub, end to end (deploy/jupyterhub/README.md): a real hub and proxy on 127.0.0.1, an
-# instructor and students as local users (needs root, useradd, node), the exchange, and the 30-student load
+# instructor and students as local users (needs root, useradd, node), the exchange, the hub in headless
+# Chromium (tests/test_hub.py's browser tests, with tests/browser/hub_browser.py), and the 30-student load
 # test that `make test` skips (MINENGINE_HUB_LOAD=1 turns it on).
 .PHONY: test-hub
 test-hub: $(STAMP) kernels models browser
 	sh deploy/jupyterhub/install_proxy.sh
-	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py tests/browser/test_browser_hub.py -v $(PYTEST_ARGS)
+	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py -v $(PYTEST_ARGS)

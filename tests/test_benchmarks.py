@@ -199,8 +199,9 @@ def test_sim_bench_smoke() -> None:
 
 
 def test_grouped_cpu_decode_attention_matches_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU decode path cuts the batch into length-sorted groups (benchmarks/RESULTS.md, item 2); with
-    groups of one sequence each it must give what one padded SDPA call over all decodes gives."""
+    """The CPU decode path cuts the batch into length-sorted groups (benchmarks/RESULTS.md §2, engine
+    changes); with groups of one sequence each it must give what one padded SDPA call over all decodes
+    gives."""
     from minengine.models import attention as attn
 
     torch.manual_seed(0)

@@ -106,7 +106,7 @@ def test_the_floor_is_weight_bytes_over_the_rate() -> None:
 
 
 def test_smollm2_reads_what_the_benchmark_measured_per_step() -> None:
-    # benchmarks/RESULTS.md section 10: 538.1 MB read per fp32 decode step of SmolLM2-135M
+    # benchmarks/RESULTS.md §5 and §6: 538.1 MB read per fp32 decode step of SmolLM2-135M
     assert kl.FLOOR_MODELS["SmolLM2-135M, fp32"] == pytest.approx(538.06e6, rel=1e-4)
     assert kl.FLOOR_MODELS["Llama-3.1-8B, bf16"] == pytest.approx(16.06e9, rel=1e-3)
 

@@ -204,8 +204,9 @@ def _fastest_times(calls: dict[str, Callable[[], object]], rounds: int = 7,
     """Each call's fastest time over ``rounds`` rounds, the calls taken in turn within a round (in reverse
     order every other round). Why interleaved: timed one kernel after another (5 calls each, the median),
     a burst of load from another process once made the GEMV look 1.1x faster than F.linear on SmolLM2's
-    LM head instead of ~2.5x (benchmarks/RESULTS.md §5), and that choice is kept for the machine. Now a
-    burst slows one round of every kernel, and the fastest round is what each can do: load only adds."""
+    LM head instead of ~2.5x (benchmarks/RESULTS.md §2, engine changes), and that choice is kept for the
+    machine. Now a burst slows one round of every kernel, and the fastest round is what each can do: load
+    only adds."""
     for fn in calls.values():
         fn()  # warm-up: oneDNN's first call creates its primitive
     best = dict.fromkeys(calls, float("inf"))
