@@ -18,7 +18,7 @@ import torch
 
 from minengine.config import EngineConfig
 from minengine.core.sampling_params import SamplingParams
-from minengine.engine.fast_path import plan_fast_path
+from minengine.engine.worker import plan_execution as plan_fast_path
 from minengine.engine.llm import LLM
 from minengine.models import cpu_kernels
 from minengine.models.attention import AttentionMetadata, paged_attention
@@ -298,7 +298,7 @@ def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback
 @pytest.mark.parametrize("how", ["switched off", "not built"])
 def test_without_the_kernels_the_engine_runs_the_reference_path_quietly(tmp_path, how: str) -> None:
     code = ("import minengine, torch\n"
-            "from minengine.engine.fast_path import plan_fast_path\n"
+            "from minengine.engine.worker import plan_execution as plan_fast_path\n"
             "from minengine.config import EngineConfig\n"
             "print(plan_fast_path(EngineConfig(), torch.device('cpu')).attention_backend)\n"
             "try:\n"

@@ -1,9 +1,8 @@
-"""The GPU fast path, in the parts a CPU can check: batch-size buckets and padding, graph-replay
-bookkeeping (``EagerReplayBackend`` stands in for CUDA graphs over the same static buffers), the
-in-place paged decode attention (flex_attention run eagerly in fp32, and the static gather) against
-the reference gather path, and whole-engine greedy equivalence with the fast path switched on.
+"""The GPU engine's path, tested on a CPU: CUDA-graph bookkeeping (buckets, padding, static buffers) with an
+eager-replay stand-in, the Triton attention backend run by Triton's interpreter (``conftest.py``), the
+plan of what runs on which device, and whole-engine greedy equivalence with the reference path.
 On a CPU, ``attention_backend="gather"`` is the reference path, byte for byte (no scratch block, no
-graphs); the CPU's default C++ kernel is tested in ``test_cpu_kernels.py``.
+graphs).
 """
 
 from __future__ import annotations
@@ -21,14 +20,15 @@ from minengine.engine.fast_path import (
     EagerReplayBackend,
     bucket_for,
     capture_sizes,
-    plan_fast_path,
 )
 from minengine.engine.llm import LLM
-from minengine.models.attention import AttentionMetadata, paged_attention
+from minengine.engine.worker import plan_execution
+from minengine.models.attention import AttentionMetadata
+from minengine.models.attention.backends import CppBackend, TritonBackend
+from minengine.models.attention.triton_kernels import triton_available
 from minengine.models.loader import build_random_model
-from minengine.models.paged_decode import build_decode_batch, flex_decode, gather_decode
 
-pytestmark = pytest.mark.usefixtures("torch_one_thread")
+needs_triton = pytest.mark.skipif(triton_available() is not None, reason=str(triton_available()))
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 CPU = torch.device("cpu")
 
@@ -49,95 +49,37 @@ def test_bucket_is_the_next_size_up_or_none() -> None:
 
 
 def test_plan_by_device_and_flags() -> None:
-    cpu = plan_fast_path(EngineConfig(attention_backend="gather"), CPU)
+    cpu = plan_execution(EngineConfig(attention_backend="gather"), CPU)
     assert (cpu.attention_backend, cpu.cuda_graphs, cpu.extra_blocks) == ("gather", False, 0)
-    gpu = plan_fast_path(EngineConfig(), torch.device("cuda"))  # a device object needs no GPU
-    assert (gpu.attention_backend, gpu.cuda_graphs, gpu.extra_blocks) == ("flex", True, 1)
-    off = plan_fast_path(EngineConfig(enforce_eager=True, attention_backend="gather"), torch.device("cuda"))
-    assert not off.enabled
-    gather = plan_fast_path(EngineConfig(attention_backend="gather"), torch.device("cuda"))
-    assert not gather.cuda_graphs  # a static gather of the longest context per row: only when asked for
-    cpu_graphs = plan_fast_path(EngineConfig(enforce_eager=False), CPU)
-    assert (cpu_graphs.attention_backend, cpu_graphs.cuda_graphs) == ("gather", True)  # eager replay
+    gpu = plan_execution(EngineConfig(), torch.device("cuda"))  # a device object needs no GPU
+    assert (gpu.attention_backend, gpu.cuda_graphs, gpu.extra_blocks) == ("triton", True, 1)
+    assert "CUDA default" in gpu.reasons["attention_backend"]  # a choice the user did not make, and why
+    off = plan_execution(EngineConfig(enforce_eager=True), torch.device("cuda"))
+    assert (off.attention_backend, off.cuda_graphs, off.extra_blocks) == ("triton", False, 0)
+    cpu_graphs = plan_execution(EngineConfig(enforce_eager=False), CPU)
+    assert (cpu_graphs.attention_backend, cpu_graphs.cuda_graphs) == ("triton", True)  # the interpreted GPU path
+    bf16 = plan_execution(EngineConfig(), CPU, torch.bfloat16)
+    assert bf16.attention_backend == "gather" and "fp32 only" in bf16.reasons["attention_backend"]
+    for backend in ("gather", "cpp"):  # graphs replay the triton backend only: refused, with the way out
+        with pytest.raises(ValueError, match="enforce_eager=True"):
+            plan_execution(EngineConfig(enforce_eager=False, attention_backend=backend), CPU)
 
 
-@pytest.mark.parametrize("bad", [dict(enforce_eager="yes"), dict(attention_backend="triton"),
+@pytest.mark.parametrize("bad", [dict(enforce_eager="yes"), dict(attention_backend="flex"),
                                  dict(cudagraph_capture_sizes=[0]), dict(cudagraph_capture_sizes=[])])
 def test_config_rejects_bad_fast_path_options(bad: dict) -> None:
     with pytest.raises(ValueError):
         EngineConfig(**bad)
 
 
-# ---- the in-place decode attention against the reference gather path ----
-def _random_cache(num_blocks: int, bs: int, h_kv: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    shape = (num_blocks, bs, h_kv, d)
-    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-
-
-def _decode_case(window: int | None):
-    """Six decodes with shuffled, partly shared (prefix-cached) blocks, lengths 1..37, block size 4."""
-    rng = random.Random(3)
-    bs, num_blocks = 4, 40
-    free = list(range(num_blocks - 1))  # the last block is the scratch block
-    rng.shuffle(free)
-    shared = [free.pop(), free.pop()]
-    lens = [37, 1, 9, 16, 4, 23]
-    tables = []
-    for i, s in enumerate(lens):
-        need = -(-s // bs)
-        own = shared[: min(2, need)] if i % 2 == 0 and s > 8 else []
-        tables.append(own + [free.pop() for _ in range(need - len(own))])
-    k_cache, v_cache = _random_cache(num_blocks, bs, 2, 8, seed=1)
-    q = torch.randn(len(lens), 4, 8, generator=torch.Generator().manual_seed(2))
-    return bs, num_blocks, tables, lens, k_cache, v_cache, q, window
-
-
-def _reference(bs, tables, lens, k_cache, v_cache, q, window):
-    """The reference path: write nothing new (k/v = what is already in the new token's slot), attend."""
-    meta = AttentionMetadata.build([1] * len(lens), lens, tables, bs)
-    k_flat, v_flat = k_cache.view(-1, 2, 8), v_cache.view(-1, 2, 8)
-    k_new, v_new = k_flat[meta.slot_mapping].clone(), v_flat[meta.slot_mapping].clone()
-    return paged_attention(q, k_new, v_new, (k_cache.clone(), v_cache.clone()), meta, 8**-0.5, window)
-
-
-@pytest.mark.parametrize("window", [None, 6])
-@pytest.mark.parametrize("fn", [flex_decode, gather_decode], ids=["flex", "gather"])
-def test_in_place_decode_matches_the_gather_path(fn, window) -> None:
-    bs, nb, tables, lens, k_cache, v_cache, q, window = _decode_case(window)
-    expected = _reference(bs, tables, lens, k_cache, v_cache, q, window)
-    backend = "flex" if fn is flex_decode else "gather"
-    # padded to 8 rows and to the width of the longest allowed sequence, as a graph would see it
-    batch = build_decode_batch(tables, lens, bs, nb, backend=backend, width=12, pad_to=8, pad_block=nb - 1)
-    out = batch.attend(q, k_cache, v_cache, 8**-0.5, window)
-    assert out.shape == q.shape
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_physical_to_logical_ignores_unused_table_entries() -> None:
-    # Row 0 uses blocks [5, 2]; its unused entries hold 5 again (a stale id): they must not overwrite 0.
-    batch = build_decode_batch([[5, 2, 5]], [6], 4, 8, backend="flex", width=3)
-    batch.block_tables[0, 2] = 5
-    batch.refresh()
-    p2l = batch.physical_to_logical
-    assert p2l is not None
-    assert p2l[0].tolist() == [-1, -1, 1, -1, -1, 0, -1, -1]
-
-
-def test_padding_needs_a_scratch_block() -> None:
-    with pytest.raises(ValueError, match="pad_block"):
-        build_decode_batch([[0]], [1], 4, 8, pad_to=2)
-
-
-# ---- graph bookkeeping with the eager-replay backend ----
 def _tiny_model():
     cfg = dict(architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=64,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return build_random_model(cfg, device="cpu", dtype=torch.float32, seed=0, std=0.2)
 
 
-@pytest.mark.parametrize("backend", ["gather", "flex"])
-def test_graph_runner_pads_to_the_bucket_and_matches_the_reference(backend: str) -> None:
+@needs_triton
+def test_graph_runner_pads_to_the_bucket_and_matches_the_reference() -> None:
     model = _tiny_model()
     c, bs, nb = model.config, 4, 24
     caches = [(torch.randn(nb, bs, c.num_key_value_heads, c.head_dim),
@@ -145,7 +87,7 @@ def test_graph_runner_pads_to_the_bucket_and_matches_the_reference(backend: str)
     ref_caches = [(k.clone(), v.clone()) for k, v in caches]
     graph_backend = EagerReplayBackend()
     runner = DecodeGraphRunner(model, caches, sizes=[1, 2, 4], max_blocks_per_seq=4, pad_block=nb - 1,
-                               backend=backend, graph_backend=graph_backend, device=CPU)
+                               attn_backend=TritonBackend(), graph_backend=graph_backend, device=CPU)
     assert graph_backend.num_captures == 3 and sorted(runner.graphs) == [1, 2, 4]
     tables, lens = [[3, 7, 1], [10], [4, 5]], [11, 2, 6]
     ids = [5, 9, 60]
@@ -185,10 +127,10 @@ def test_cpu_gather_is_the_reference_path(hf_model_dir, family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
-@pytest.mark.parametrize("options", [dict(enforce_eager=False, attention_backend="gather"),
-                                     dict(enforce_eager=False, attention_backend="flex"),
-                                     dict(enforce_eager=True, attention_backend="flex")],
-                         ids=["graphs-gather", "graphs-flex", "eager-flex"])
+@needs_triton
+@pytest.mark.parametrize("options", [dict(enforce_eager=False, attention_backend="triton"),
+                                     dict(enforce_eager=True, attention_backend="triton")],
+                         ids=["graphs-triton", "eager-triton"])
 def test_fast_path_gives_the_reference_greedy_tokens(hf_model_dir, family: str, options: dict) -> None:
     prompts = _prompts(5)
     common = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128)  # chunked, mixed steps
@@ -208,7 +150,7 @@ def test_fast_path_gives_the_reference_greedy_tokens(hf_model_dir, family: str, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.py runs it)")
-def test_cuda_graphs_and_flex_match_the_reference_on_gpu(hf_model_dir) -> None:
+def test_cuda_graphs_and_triton_match_the_reference_on_gpu(hf_model_dir) -> None:
     prompts = _prompts(6)
     path = hf_model_dir("qwen3")
     ref = LLM(path, dtype="float32", enforce_eager=True, attention_backend="gather").generate(
@@ -219,6 +161,7 @@ def test_cuda_graphs_and_flex_match_the_reference_on_gpu(hf_model_dir) -> None:
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
 
 
+@needs_triton
 def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
     """A cache too small for the batch (requests preempted and recomputed) and prompts sharing a prefix
     (prefix-cache hits: blocks shared between rows of one decode batch): still the reference tokens."""
@@ -230,7 +173,7 @@ def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
     path = hf_model_dir("qwen3")
     ref_llm = LLM(path, attention_backend="gather", **common)
     ref = ref_llm.generate(prompts, params, use_tqdm=False)
-    fast_llm = LLM(path, enforce_eager=False, attention_backend="flex", cudagraph_capture_sizes=[2, 4, 8],
+    fast_llm = LLM(path, enforce_eager=False, attention_backend="triton", cudagraph_capture_sizes=[2, 4, 8],
                    **common)
     fast = fast_llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in ref]
@@ -240,20 +183,10 @@ def test_fast_path_survives_preemption_and_prefix_hits(hf_model_dir) -> None:
     assert engine.kv_cache.kv_caches[0][0].shape[0] == 41  # the scheduler's 40 blocks + the scratch block
 
 
-@pytest.mark.parametrize("backend", ["flex", "cpp"])
-def test_decode_rows_are_packed_rows_not_sequence_indices(backend: str) -> None:
+def test_decode_rows_are_packed_rows_not_sequence_indices() -> None:
     """A running request's prompt chunk can come before a decode in a step: the decodes' rows in the
     packed batch are then not their sequence indices (a 32-request chunked run caught this)."""
-    from types import SimpleNamespace
-
-    from minengine.engine.model_runner import ModelRunner
-
-    bs = 4
-    meta = AttentionMetadata.build([5, 1, 3, 1], [9, 6, 3, 2], [[0, 1, 2], [3, 4], [5], [6]], bs)
-    cache = torch.zeros(8, bs, 2, 8)
-    runner = SimpleNamespace(pad_block=None, attention_backend=backend, max_blocks_per_seq=4, device=CPU,
-                             kv_cache=SimpleNamespace(kv_caches=[(cache, cache)]))
-    ModelRunner._attach_decode_batch(runner, meta)
+    meta = CppBackend().build_metadata([5, 1, 3, 1], [9, 6, 3, 2], [[0, 1, 2], [3, 4], [5], [6]], 4, CPU)
     assert meta.decode_batch is not None
     assert meta.decode_batch.rows.tolist() == [5, 9]  # after the 5-token chunk and the 3-token prompt
     assert meta.decode_batch.seq_lens[:2].tolist() == [6, 2]
