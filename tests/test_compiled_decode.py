@@ -138,7 +138,7 @@ def test_decode_attention_reads_the_paged_cache_in_place(compiled: bool, buffere
 
 def test_big_batches_run_compiled_too(hf_model_dir) -> None:
     """16 rows of ~300 tokens: more padded context than one eager decode group holds (4,096 tokens)."""
-    from minengine.models.attention import CPU_DECODE_GROUP_TOKENS
+    from minengine.models.attention.reference import CPU_DECODE_GROUP_TOKENS
 
     # one step prefills every prompt, so every decode step after it has all 16 rows
     big = dict(max_num_seqs=16, max_num_batched_tokens=8192, max_model_len=400, block_size=16, num_blocks=400,

@@ -11,7 +11,7 @@ from hf_utils import FAMILIES, load_hf_reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minengine.models import AttentionMetadata, allocate_kv_cache, load_model
-from minengine.models import attention as attention_module
+from minengine.models.attention import reference as attention_module
 from minengine.models.llama import RMSNorm, RotaryEmbedding
 from minengine.models.loader import build_random_model
 
