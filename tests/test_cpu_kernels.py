@@ -18,8 +18,8 @@ import torch
 
 from minengine.config import EngineConfig
 from minengine.core.sampling_params import SamplingParams
-from minengine.engine.worker import plan_execution as plan_fast_path
 from minengine.engine.llm import LLM
+from minengine.engine.worker import plan_execution as plan_fast_path
 from minengine.models import cpu_kernels
 from minengine.models.attention import AttentionMetadata, paged_attention
 from minengine.models.paged_decode import build_decode_batch
