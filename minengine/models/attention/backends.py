@@ -127,10 +127,12 @@ class TritonBackend(AttentionBackend):
             slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
         width = max(-(-s // block_size) for s in seq_lens)
         tables = [t[:width] + [0] * (width - min(len(t), width)) for t in block_tables]
-        ints = _to_device(torch.tensor(loc + list(seq_lens), dtype=torch.int32), device)
-        n = len(seq_lens)
+        # One host-to-device copy for both int vectors; seq_lens starts 16-byte aligned, since Triton
+        # compiles a kernel variant per pointer alignment (an unaligned one compiled mid-run on an H200)
+        n, start = len(seq_lens), -(-(len(seq_lens) + 1) // 4) * 4
+        ints = _to_device(torch.tensor(loc + [0] * (start - n - 1) + list(seq_lens), dtype=torch.int32), device)
         return TritonAttentionMetadata(
-            query_start_loc=ints[: n + 1], seq_lens=ints[n + 1:],
+            query_start_loc=ints[: n + 1], seq_lens=ints[start:],
             block_tables=_to_device(torch.tensor(tables, dtype=torch.int32), device),
             slot_mapping=_to_device(torch.tensor(slots, dtype=torch.long), device),
             max_query_len=max(query_lens), backend=self,
