@@ -188,11 +188,12 @@ def device_profile(headless: bool | None = None, device: str | None = None) -> D
 
 
 def shipped_llm(**options: Any) -> Any:
-    """The shipped model with a 256 MiB KV cache: on a GPU the default (90% of memory, like vLLM) would
-    leave no room for a second engine or a bigger model in the same notebook."""
+    """The shipped model with prefix caching off (a lesson's repeated prompts must not hit the cache). Its
+    KV cache is the engine's default: 256 MiB on a CPU; on a GPU no more than max_num_seqs sequences of
+    max_model_len tokens can use (about 0.5 GiB for this model), so other engines still fit beside it."""
     from minengine.engine.llm import LLM
 
-    return LLM(**{"enable_prefix_caching": False, "kv_cache_memory_bytes": 256 * 2**20, **options})
+    return LLM(**{"enable_prefix_caching": False, **options})
 
 
 def make_engine_options(profile: DeviceProfile, max_len: int) -> dict[str, Any]:
