@@ -159,9 +159,10 @@ def part_kernel(dev: Any, dry_run: bool) -> dict[str, Any]:
 
     # each distinct (dtype, head dim, group, block size, window) is one compile: a spread, not the product
     groups = ((8, 8), (8, 4), (8, 2), (12, 2), (16, 2))
+    spread = ((64, 16, None), (128, 16, None), (128, 32, None), (64, 16, 48))  # (head dim, block, window)
     cases = [(dtype, d, *groups[(i + j) % len(groups)], bs, window)
              for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.float16))
-             for j, (d, bs, window) in enumerate(((64, 16, None), (128, 16, None), (128, 32, None), (64, 16, 48)))]
+             for j, (d, bs, window) in enumerate(spread)]
     if dry_run:
         cases = cases[::3]
     rng = random.Random(0)
@@ -185,7 +186,8 @@ def part_kernel(dev: Any, dry_run: bool) -> dict[str, Any]:
         if not err <= TOLERANCE[dtype] * 4:  # assert_close's atol+rtol, on the max
             failed.append({"case": [name, d, heads, kv, bs, window, qlens, ctx], "max_err": err})
     return {"passed": not failed, "summary": f"{len(cases)} random batches, worst error by dtype "
-            + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()) + (f"; {len(failed)} FAILED" if failed else ""),
+            + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+            + (f"; {len(failed)} FAILED" if failed else ""),
             "cases": len(cases), "worst": worst, "failed": failed[:5]}
 
 
@@ -277,11 +279,13 @@ def part_equivalence(dev: Any, dry_run: bool) -> dict[str, Any]:
                 passed = forced >= forced_hf - BF16_MARGIN
             passed = passed and path_ok
             ok &= passed
-            rows.append({"family": family, "dtype": str(dtype).removeprefix("torch."), "requests": len(prompts),
+            rows.append({"family": family, "dtype": str(dtype).removeprefix("torch."),
+                         "requests": len(prompts),
                          "fast_eq_reference": same_ref, "fast_eq_hf": same_hf, "mean_prefix_vs_hf": prefix,
                          "fp32_top1_on_our_tokens": forced, "fp32_top1_on_hf_bf16_tokens": forced_hf,
                          "path_ok": path_ok, "passed": passed, **info})
-    summary = "; ".join(f"{r['family']} {r['dtype']}: ref {r['fast_eq_reference']:.0%}, HF {r['fast_eq_hf']:.0%}"
+    summary = "; ".join(f"{r['family']} {r['dtype']}: ref {r['fast_eq_reference']:.0%}, "
+                        f"HF {r['fast_eq_hf']:.0%}"
                         + (f", fp32 agrees with ours {r['fp32_top1_on_our_tokens']:.1%} vs with HF bf16 "
                            f"{r['fp32_top1_on_hf_bf16_tokens']:.1%}" if r["dtype"] != "float32" else "")
                         + ("" if r["path_ok"] else " (NOT the triton+graphs path)") for r in rows)
@@ -351,7 +355,8 @@ def part_decode(dev: Any, dry_run: bool) -> dict[str, Any]:
         eager, _, _ = _decode_step_s(model, prompt_len, n_new, dry_run, enforce_eager=True)
         row = {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "weight_bytes": weights,
                "bandwidth_GBps": bandwidth / 1e9, "floor_ms": floor * 1e3, "step_ms": step * 1e3,
-               "eager_step_ms": eager * 1e3, "fraction_of_bandwidth": floor / step, "path_ok": path_ok, **info}
+               "eager_step_ms": eager * 1e3, "fraction_of_bandwidth": floor / step, "path_ok": path_ok,
+               **info}
         passed = path_ok
         if not dry_run and shape == "llama2-7b":
             passed &= row["fraction_of_bandwidth"] >= GOALS["bandwidth_7b"]
@@ -370,7 +375,8 @@ def part_decode(dev: Any, dry_run: bool) -> dict[str, Any]:
             torch.cuda.empty_cache()
     summary = "; ".join(f"{r['shape']}: {r['step_ms']:.2f} ms vs floor {r['floor_ms']:.2f} ms "
                         f"({r['fraction_of_bandwidth']:.0%}), eager {r['eager_step_ms']:.2f} ms"
-                        + (f", prefill 2048 {r['prefill_2048_call_ms']:.0f} ms" if "prefill_2048_call_ms" in r else "")
+                        + (f", prefill 2048 {r['prefill_2048_call_ms']:.0f} ms"
+                           if "prefill_2048_call_ms" in r else "")
                         for r in rows)
     return {"passed": ok, "summary": summary, "rows": rows, "goals": GOALS}
 
@@ -397,7 +403,8 @@ def _priced_kinds(model: Any, records: list[Any], gpu: str) -> dict[str, Any]:
         predicted = statistics.median(p for _, p in pairs)
         out[kind] = {"steps": len(pairs), "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
                      "ratio": measured / predicted if predicted else None,
-                     "total_measured_s": sum(m for m, _ in pairs), "total_predicted_s": sum(p for _, p in pairs)}
+                     "total_measured_s": sum(m for m, _ in pairs),
+                     "total_predicted_s": sum(p for _, p in pairs)}
     return out
 
 
@@ -412,7 +419,8 @@ def part_offline_7b(dev: Any, dry_run: bool) -> dict[str, Any]:
     prompts = _prompts(n, plo, phi, model.config.vocab_size, seed=0)
     rng = random.Random(1)
     outputs = [rng.randint(olo, ohi) for _ in prompts]
-    with LLM(model, max_model_len=phi + ohi + 16, enable_prefix_caching=False, **_gpu_options(dry_run)) as llm:
+    opts = dict(max_model_len=phi + ohi + 16, enable_prefix_caching=False)
+    with LLM(model, **opts, **_gpu_options(dry_run)) as llm:
         llm.generate([prompts[0][:plo]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         params = [SamplingParams(temperature=0, max_tokens=k, ignore_eos=True) for k in outputs]
         _sync(dev)
@@ -428,7 +436,8 @@ def part_offline_7b(dev: Any, dry_run: bool) -> dict[str, Any]:
     passed = path_ok and (dry_run or (tok_s >= GOALS["offline_7b_tok_s"]
                                       and mixed is not None and mixed <= GOALS["mixed_vs_sim"]))
     mixed_text = f"{mixed:.2f}x the simulator" if mixed else "no mixed steps"
-    return {"passed": passed, "summary": f"{tok_s:.0f} output tok/s ({n} requests, {seconds:.1f} s); mixed steps "
+    return {"passed": passed,
+            "summary": f"{tok_s:.0f} output tok/s ({n} requests, {seconds:.1f} s); mixed steps "
             f"{mixed_text}", "output_tok_per_s": tok_s, "seconds": seconds, "requests": n,
             "output_tokens": sum(outputs), "step_kinds": kinds, "path_ok": path_ok, **info,
             "step_records": records}
@@ -520,7 +529,8 @@ def part_throughput(dev: Any, dry_run: bool) -> dict[str, Any]:
         total = n_same * len(subset)
         result.update(same_work_requests=len(subset), same_work_output_tokens=total,
                       minengine_tok_per_s=total / mine_s, hf_tok_per_s=total / hf_s, hf_method=how,
-                      requests_same_tokens=sum(a == b for a, b in zip(mine, theirs, strict=True)) / len(subset),
+                      requests_same_tokens=sum(a == b for a, b in zip(mine, theirs, strict=True))
+                      / len(subset),
                       mean_prefix=statistics.mean(_common_prefix(a, b) / n_same
                                                   for a, b in zip(mine, theirs, strict=True)))
     except Exception as e:
@@ -528,8 +538,9 @@ def part_throughput(dev: Any, dry_run: bool) -> dict[str, Any]:
     passed = path_ok and (dry_run or result["output_tok_per_s"] >= GOALS["nano_vllm_tok_s"])
     summary = f"{result['output_tok_per_s']:.0f} output tok/s ({n} requests)"
     if "hf_tok_per_s" in result:
-        summary += (f"; same work: minengine {result['minengine_tok_per_s']:.0f} vs HF {result['hf_tok_per_s']:.0f} "
-                    f"tok/s ({result['hf_method']}), {result['requests_same_tokens']:.0%} requests same tokens")
+        summary += (f"; same work: minengine {result['minengine_tok_per_s']:.0f} vs HF "
+                    f"{result['hf_tok_per_s']:.0f} tok/s ({result['hf_method']}), "
+                    f"{result['requests_same_tokens']:.0%} requests same tokens")
     elif "vs_hf" in result:
         summary += f"; vs HF {result['vs_hf']}"
     return {"passed": passed, "summary": summary, **result}
@@ -614,7 +625,8 @@ PART_FUNCTIONS = {"kernel": part_kernel, "equivalence": part_equivalence, "decod
 def versions() -> dict[str, Any]:
     """PyTorch, Triton, CUDA, the driver and the device: what a figure was measured on."""
     torch = _torch()
-    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                           "cuda": torch.version.cuda}
     for name in ("triton", "transformers"):
         try:
             out[name] = __import__(name).__version__
@@ -624,8 +636,8 @@ def versions() -> dict[str, Any]:
         p = torch.cuda.get_device_properties(0)
         out["device"] = f"{p.name}, {p.total_memory / 2**30:.0f} GiB"
         try:
-            out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=20).stdout.strip()
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            out["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             out["driver"] = None
     else:
@@ -667,7 +679,8 @@ def run_all(parts: list[str], dry_run: bool, budget_s: float) -> dict[str, dict[
                 if out.is_file():
                     results[name] = json.loads(out.read_text())
                 else:
-                    results[name] = {"passed": False, "summary": f"the part's process died (exit {proc.returncode})",
+                    results[name] = {"passed": False,
+                                     "summary": f"the part's process died (exit {proc.returncode})",
                                      "stderr": proc.stderr[-3000:]}
             except subprocess.TimeoutExpired:
                 results[name] = {"passed": False, "summary": f"timed out after {limit:.0f} s"}
@@ -683,7 +696,8 @@ def _verdict(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, the Triton interpreter: the plumbing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, tiny sizes, the Triton interpreter: the plumbing")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock guard for all parts (s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
@@ -702,7 +716,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("no CUDA device: running the dry run instead (tiny sizes, plumbing only)", file=sys.stderr)
         args.dry_run = True
     info = versions()
-    print(f"gpu_check on {info['device']}: torch {info['torch']}, triton {info['triton']}, CUDA {info['cuda']}, "
+    print(f"gpu_check on {info['device']}: torch {info['torch']}, triton {info['triton']}, "
+          f"CUDA {info['cuda']}, "
           f"driver {info.get('driver')}{' (dry run)' if args.dry_run else ''}", flush=True)
     results = run_all(parts, args.dry_run, args.budget_s)
     report = {"versions": info, "dry_run": args.dry_run, "parts": results,

@@ -57,7 +57,8 @@ class EngineConfig:
     # SDPA) | "cpp" (decodes in place in the CPU's C++ kernel) | "triton" (one kernel for the whole step,
     # in place; a GPU's). None: triton on CUDA, cpp on a CPU for fp32 when it builds, else gather.
     attention_backend: str | None = None
-    cudagraph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,... max_num_seqs
+    # decode batch sizes to capture; None: 1, 2, 4, 8, ... max_num_seqs
+    cudagraph_capture_sizes: list[int] | None = None
     # CPU only: run all-decode steps as one torch.compile'd graph (engine/compiled_decode.py). Off by
     # default: compiling takes tens of seconds at start-up and needs a C++ compiler.
     compile_decode: bool = False
@@ -92,7 +93,8 @@ class EngineConfig:
         if self.prepack_weights is not None and not isinstance(self.prepack_weights, bool):
             raise ValueError(f"prepack_weights must be True, False or None, got {self.prepack_weights!r}")
         if self.prepack_weights and self.linear_kernel == "torch":
-            raise ValueError("prepack_weights=True packs weights for oneDNN: it cannot go with linear_kernel='torch'")
+            raise ValueError("prepack_weights=True packs weights for oneDNN: it cannot go with "
+                             "linear_kernel='torch'")
         if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
             raise ValueError(f"unknown linear_kernel {self.linear_kernel!r}: use one of "
                              f"{', '.join(LINEAR_KERNELS)} (or None to time both when the engine starts)")
@@ -106,7 +108,8 @@ class EngineConfig:
         if self.cudagraph_capture_sizes is not None:
             sizes = list(self.cudagraph_capture_sizes)
             if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-                raise ValueError(f"cudagraph_capture_sizes must be positive ints, got {self.cudagraph_capture_sizes!r}")
+                raise ValueError("cudagraph_capture_sizes must be positive ints, got "
+                                 f"{self.cudagraph_capture_sizes!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if isinstance(self.policy, str):
@@ -188,8 +191,8 @@ class EngineConfig:
         per_block = self.block_size * kv_bytes_per_token
         if budget < per_block:
             raise ValueError(
-                f"{context}the KV cache budget ({budget:.0f} bytes) is smaller than one block ({per_block:.0f} "
-                f"bytes = {self.block_size} tokens); {hint}"
+                f"{context}the KV cache budget ({budget:.0f} bytes) is smaller than one block "
+                f"({per_block:.0f} bytes = {self.block_size} tokens); {hint}"
             )
         return int(budget // per_block)
 

@@ -240,7 +240,8 @@ def _probabilities_before(logits: torch.Tensor, params: list[SamplingParams]) ->
         sorted_probs = sorted_logits.softmax(dim=-1)
         drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p.unsqueeze(1)
         drop_sorted[:, 0] = False
-        logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), float("-inf"))
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
 
 
@@ -253,8 +254,10 @@ def test_batched_filters_give_the_same_probabilities_and_tokens_as_before():
     for _ in range(30):
         n, vocab = rng.randint(1, 9), rng.choice([7, 50, 1753])
         logits = torch.randn(n, vocab, generator=gen) * 3
-        params = [SamplingParams(temperature=rng.choice([0.3, 1.0, 1.7]), top_k=rng.choice([0, 1, 5, 40, vocab]),
-                                 top_p=rng.choice([1.0, 0.9, 0.5, 0.05]), seed=rng.randrange(100)) for _ in range(n)]
+        params = [SamplingParams(temperature=rng.choice([0.3, 1.0, 1.7]),
+                                 top_k=rng.choice([0, 1, 5, 40, vocab]),
+                                 top_p=rng.choice([1.0, 0.9, 0.5, 0.05]), seed=rng.randrange(100))
+                  for _ in range(n)]
         new = Sampler.probabilities(logits, params)
         for i in range(n):
             alone = _probabilities_before(logits[i : i + 1], params[i : i + 1])[0]
@@ -320,13 +323,15 @@ def test_output_kinds_deliver_the_same_result(model, workload, stop):
         assert len(final) == 1 and final[0].finished and len(cum) == len(delta) > 1
         whole = final[0].outputs[0]
         assert cum[-1].outputs[0].text == whole.text == "".join(o.outputs[0].text for o in delta)
-        assert cum[-1].outputs[0].token_ids == whole.token_ids == [t for o in delta for t in o.outputs[0].token_ids]
+        streamed = [t for o in delta for t in o.outputs[0].token_ids]
+        assert cum[-1].outputs[0].token_ids == whole.token_ids == streamed
         assert [len(o.outputs[0].token_ids) for o in cum] == list(range(1, len(cum) + 1))
         assert all(len(o.outputs[0].token_ids) == 1 for o in delta)
         if stop is None:
             assert whole.token_ids == reference[i].outputs[0].token_ids
         else:
-            assert whole.finish_reason == "stop" and whole.stop_reason == stops[i] and stops[i] not in whole.text
+            assert whole.finish_reason == "stop" and whole.stop_reason == stops[i]
+            assert stops[i] not in whole.text
 
 
 def test_generate_builds_only_final_outputs_and_keeps_its_step_records(model, workload):

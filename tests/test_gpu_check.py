@@ -32,7 +32,8 @@ def test_help_documents_every_part(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--dry-run" in text and "80 %" in text and "15,000" in text  # the goals are stated
 
 
-def test_dry_run_runs_every_part_in_its_own_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_runs_every_part_in_its_own_process(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import gpu_check
 
     out = tmp_path / "check.json"
@@ -64,7 +65,8 @@ def test_a_dead_part_is_reported_and_the_next_one_runs(monkeypatch: pytest.Monke
     monkeypatch.setitem(gpu_check.PART_LIMIT_S, "no-such-part", 30)  # its process exits on a bad argument
     results = gpu_check.run_all(["no-such-part", "memory"], dry_run=True, budget_s=120)
     assert results["no-such-part"]["passed"] is False
-    assert "died" in results["no-such-part"]["summary"] and "invalid choice" in results["no-such-part"]["stderr"]
+    dead = results["no-such-part"]
+    assert "died" in dead["summary"] and "invalid choice" in dead["stderr"]
     assert results["memory"]["passed"] is None  # ran after it, in its own process
     assert "no-such-part" in capsys.readouterr().out
 

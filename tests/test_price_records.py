@@ -12,7 +12,8 @@ import pytest
 from minengine.perf.roofline import CostModel, step_cost_of_record
 from minengine.sim import price_records
 
-H200_RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h200_llama2-7b_offline_2026-12-04.json"
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+H200_RUN = DATA / "h200_llama2-7b_offline_2026-12-04.json"
 
 
 def test_the_h200_run_is_priced_per_kind_of_step(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

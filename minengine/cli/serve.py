@@ -54,7 +54,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--no-chunked-prefill", action="store_true", help="turn chunked prefill off")
     parser.add_argument("--compile-decode", action="store_true",
-                        help="CPU: run decode steps as one torch.compile'd graph (compiles at start-up, ~1 min)")
+                        help="CPU: run decode steps as one torch.compile'd graph "
+                             "(compiles at start-up, ~1 min)")
     add_backend_flags(parser)
     parser.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: best available)")
@@ -76,7 +77,8 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     from minengine.config import ATTENTION_BACKENDS
 
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=None,
-                        help="default: triton on CUDA, cpp on a CPU in fp32 (the start-up line says which runs)")
+                        help="default: triton on CUDA, cpp on a CPU in fp32 "
+                             "(the start-up line says which runs)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
 
 

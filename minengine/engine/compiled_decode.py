@@ -72,7 +72,8 @@ class CompiledDecode:
                  max_batch: int | None = None) -> None:
         windows = getattr(getattr(model, "model", None), "sliding_windows", {None})
         if windows != {None}:
-            raise ValueError("compile_decode supports full-attention models only (this one has a sliding window)")
+            raise ValueError("compile_decode supports full-attention models only "
+                             "(this one has a sliding window)")
         dtype = getattr(model, "dtype", torch.float32)
         if dtype != torch.float32:
             raise ValueError(
@@ -171,8 +172,8 @@ class CompiledDecode:
         try:
             for batch in (1, 2) if self.max_batch is None or self.max_batch > 1 else (1,):
                 lens = [min(2 + i, bs) for i in range(batch)]  # every slot inside free_block
-                args = self._tensors([0] * batch, [n - 1 for n in lens], [free_block * bs + n - 1 for n in lens],
-                                     lens, [table] * batch)
+                slots = [free_block * bs + n - 1 for n in lens]
+                args = self._tensors([0] * batch, [n - 1 for n in lens], slots, lens, [table] * batch)
                 self.forward(args)
         except Exception as e:  # no C++ compiler, an untested torch: run eagerly rather than fail
             self.disabled = f"{type(e).__name__}: {e}"

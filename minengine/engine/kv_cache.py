@@ -82,7 +82,8 @@ def check_kv_index_space(model_config: ModelConfig, num_blocks: int, block_size:
     cache as one sequence (what flex attention needed) would pass 2**31 elements on an H200 with a small
     model, and 32-bit offsets would then wrap: no kernel here takes such a view.
     """
-    layout = KVLayout(num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim, itemsize)
+    c = model_config
+    layout = KVLayout(num_blocks, block_size, c.num_key_value_heads, c.head_dim, itemsize)
     if num_blocks - 1 > MAX_BLOCK_ID:
         raise ValueError(
             f"{num_blocks:,} KV blocks: block ids past {MAX_BLOCK_ID:,} do not fit the int32 block tables "

@@ -85,10 +85,12 @@ class LLM:
         if engine.closed:
             raise RuntimeError("this LLM is closed; build a new one")
         # Only final outputs: no per-step copy of every request's growing output (vLLM does the same).
-        final = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params_list}
+        final_only = RequestOutputKind.FINAL_ONLY
+        final = {id(sp): dataclasses.replace(sp, output_kind=final_only) for sp in params_list}
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
         requests = [
-            engine.process_inputs(None, p, final[id(sp)]) for p, sp in zip(prompt_list, params_list, strict=True)
+            engine.process_inputs(None, p, final[id(sp)])
+            for p, sp in zip(prompt_list, params_list, strict=True)
         ]
         for request in requests:
             engine.add_processed_request(request)

@@ -108,7 +108,8 @@ class ModelRunner:
         tokens = self.sampler(logits, [s.request for s in sampled_reqs])
         t3 = self._clock()
         sampled = {s.request_id: tok for s, tok in zip(sampled_reqs, tokens, strict=True)}
-        return ModelRunnerOutput(sampled, timings={"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2},
+        timings = {"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2}
+        return ModelRunnerOutput(sampled, timings=timings,
                                  timing=self.timing_method)
 
     def _clock(self) -> float:
@@ -136,7 +137,8 @@ class ModelRunner:
             if s.sample:
                 logits_rows.append(len(ids) - 1)
                 sampled.append(s)
-        meta = self.attn_backend.build_metadata(query_lens, seq_lens, tables, self.kv_cache.block_size, self.device)
+        meta = self.attn_backend.build_metadata(query_lens, seq_lens, tables, self.kv_cache.block_size,
+                                                self.device)
         return ModelInput(
             input_ids=_to_device(ids, self.device),
             positions=_to_device(positions, self.device),

@@ -48,7 +48,8 @@ class ExecutionPlan:
         return 1 if self.cuda_graphs else 0
 
 
-def plan_execution(config: EngineConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> ExecutionPlan:
+def plan_execution(config: EngineConfig, device: torch.device,
+                   dtype: torch.dtype = torch.float32) -> ExecutionPlan:
     """The attention backend and graphs for this device: as asked, else the device's default, with the
     reason. CUDA: the Triton kernel with graphs. A CPU in fp32: the C++ decode kernel when it is built,
     else the reference path. A CPU that asks for graphs (``enforce_eager=False``): the Triton backend under
@@ -81,7 +82,8 @@ def plan_execution(config: EngineConfig, device: torch.device, dtype: torch.dtyp
         if not _cpp_kernel_usable(device, dtype):
             from minengine.models import cpu_kernels
 
-            raise ValueError(f"attention_backend='cpp': the CPU kernels are not in use ({cpu_kernels.build_error()})")
+            raise ValueError("attention_backend='cpp': the CPU kernels are not in use "
+                             f"({cpu_kernels.build_error()})")
     if config.enforce_eager is None:
         graphs = cuda and backend == "triton"
         reasons["cuda_graphs"] = ("the CUDA default with the triton backend" if graphs
@@ -148,7 +150,8 @@ class Worker:
         self.dtype: torch.dtype = model.dtype
         model_config = model.config
         self.linear_kernel = _pick_linear_kernel(model, config.linear_kernel, config.prepack_weights)
-        self.small_op_kernels = _use_small_op_kernels(model)  # True: csrc/rms_norm.cpp, activation.cpp, rotary.cpp
+        # True: csrc/rms_norm.cpp, activation.cpp and rotary.cpp run (a CPU in fp32)
+        self.small_op_kernels = _use_small_op_kernels(model)
         # On CUDA: RMSNorm, RoPE and SwiGLU's activation as one Triton kernel each (models/triton_ops.py):
         # a small model's graphed decode step is bound by its number of kernels
         self.triton_small_ops = self.device.type == "cuda" and triton_ops.use_triton_ops(model)
@@ -200,7 +203,8 @@ class Worker:
             )
 
             if graph_backend is None:
-                graph_backend = CudaGraphBackend(self.device) if self.device.type == "cuda" else EagerReplayBackend()
+                cuda = self.device.type == "cuda"
+                graph_backend = CudaGraphBackend(self.device) if cuda else EagerReplayBackend()
             sizes = capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes)
             try:
                 graphs = DecodeGraphRunner(
@@ -289,7 +293,8 @@ def _compiled_decode(model: torch.nn.Module, kv_cache: PagedKVCache, device: tor
         raise ValueError(f"compile_decode is a CPU fast path; on {device.type} leave it off "
                          "(on CUDA the engine replays CUDA graphs instead: enforce_eager=False)")
     prepacked = any(getattr(m, "packed", None) is not None for m in model.modules())
-    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size, max_batch=1 if prepacked else None)
+    compiled = CompiledDecode(model, kv_cache.kv_caches, kv_cache.block_size,
+                              max_batch=1 if prepacked else None)
     compiled.warmup(free_block=0)
     return compiled
 
@@ -314,12 +319,14 @@ def _pick_linear_kernel(model: torch.nn.Module, asked: str | None,
     if model.device.type != "cpu" or model.dtype != torch.float32:
         if asked == "onednn" or prepack:
             what = "linear_kernel='onednn'" if asked == "onednn" else "prepack_weights=True"
-            raise ValueError(f"{what} is for fp32 on a CPU; this model is {model.dtype} on {model.device.type}")
+            raise ValueError(f"{what} is for fp32 on a CPU; this model is {model.dtype} on "
+                             f"{model.device.type}")
         return linear_kernels.KernelChoice("torch", "torch", f"{model.dtype} on {model.device.type}", {})
     choice = (linear_kernels.choose(model) if asked is None
               else linear_kernels.KernelChoice(asked, asked, "asked for", {}))
     if prepack and choice.many_rows != "onednn":  # insisted on: oneDNN runs the many-row calls
-        choice = dataclasses.replace(choice, many_rows="onednn", reason=choice.reason + "; oneDNN for prepacking")
+        choice = dataclasses.replace(choice, many_rows="onednn",
+                                     reason=choice.reason + "; oneDNN for prepacking")
     packs = prepack is not False and choice.many_rows == "onednn"
     if packs and prepack is None:  # the default: only where a second copy of the weights fits easily
         packs, why = linear_kernels.prepack_fits(model)

@@ -56,7 +56,8 @@ class RMSNorm(nn.Module):
         shape = (x.shape[-1],)
         if x.dtype == torch.float32:
             if self.use_kernel and not torch.compiler.is_compiling() and not (
-                    torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):  # no backward
+                    # the kernel has no backward
+                    torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
                 return torch.ops.minengine.rms_norm(x, self.weight, self.variance_epsilon)
             return F.rms_norm(x, shape, self.weight, self.variance_epsilon)
         return self.weight * F.rms_norm(x.float(), shape, None, self.variance_epsilon).to(x.dtype)

@@ -47,7 +47,8 @@ class DecodeBatch:
 
     def __post_init__(self) -> None:
         if self.backend not in DECODE_BACKENDS:
-            raise ValueError(f"unknown decode backend {self.backend!r}: use one of {', '.join(DECODE_BACKENDS)}")
+            raise ValueError(f"unknown decode backend {self.backend!r}: use one of "
+                             f"{', '.join(DECODE_BACKENDS)}")
 
     @property
     def batch_size(self) -> int:
@@ -97,7 +98,8 @@ def build_decode_batch(
     num_blocks = torch.tensor(used_blocks + [1] * (b - n), dtype=torch.int32)
     lens = torch.tensor(list(seq_lens) + [1] * (b - n), dtype=torch.long)
     dev = torch.device(device)
-    return DecodeBatch(tables.to(dev), num_blocks.to(dev), lens.to(dev), block_size, num_cache_blocks, backend)
+    return DecodeBatch(tables.to(dev), num_blocks.to(dev), lens.to(dev), block_size, num_cache_blocks,
+                       backend)
 
 
 def gather_decode(
@@ -121,7 +123,8 @@ def gather_decode(
     if not gqa:
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
     else:
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
     return out.squeeze(2)
 
 
@@ -132,7 +135,8 @@ def cpp_decode(
     """The C++ kernel: each row's own blocks, read in place up to its length (CPU, fp32)."""
     from minengine.models.cpu_kernels import paged_decode_attention
 
-    return paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale, sliding_window)
+    return paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale,
+                                  sliding_window)
 
 
 class DecodeTensors(NamedTuple):
@@ -161,7 +165,8 @@ class DecodeTensors(NamedTuple):
     def prepare(self, device: torch.device, sliding_windows: Any = ()) -> None:
         """Nothing to build: the runner made the tensors (the model calls this on any metadata)."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kv_cache: tuple[torch.Tensor, torch.Tensor],
                scale: float) -> torch.Tensor:
         """Write the new K/V, then attend over each row's context where it lies: q [B, H_q, D] -> [B, H_q, D].
 

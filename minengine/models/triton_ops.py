@@ -11,7 +11,8 @@ from ~40 kernels to ~14. vLLM ships the same three as CUDA kernels (``rms_norm``
 Each kernel rounds exactly where the PyTorch ops it replaces round (HF's order: the norm in fp32, cast
 to the model's dtype, then the weight multiply in that dtype; each RoPE product rounded before the sum),
 so in 16-bit they match the PyTorch path's bits except where a reduction's order differs by an ulp:
-``tests/test_triton_ops.py`` checks that under ``TRITON_INTERPRET=1``. ``use_triton_ops(model)`` switches a model's modules to them (the worker does,
+``tests/test_triton_ops.py`` checks that under ``TRITON_INTERPRET=1``. ``use_triton_ops(model)`` switches
+a model's modules to them (the worker does,
 on CUDA).
 """
 
@@ -76,7 +77,8 @@ def _block(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of x ([N, C] or [N, H, C], last dim contiguous); ``out`` may be ``x``."""
     out = torch.empty_like(x) if out is None else out
     if x.numel() == 0:

@@ -73,7 +73,8 @@ def table(priced: dict[str, dict[str, float]]) -> str:
              f"{'total meas. s':>14} {'total pred. s':>14}"]
     for kind, row in priced.items():
         lines.append(f"{kind:<8} {row['steps']:>6} {row['measured_ms']:>12.2f} {row['predicted_ms']:>13.2f} "
-                     f"{row['ratio']:>6.2f} {row['total_measured_s']:>14.2f} {row['total_predicted_s']:>14.2f}")
+                     f"{row['ratio']:>6.2f} {row['total_measured_s']:>14.2f} "
+                     f"{row['total_predicted_s']:>14.2f}")
     return "\n".join(lines)
 
 

@@ -130,7 +130,8 @@ class TritonBackend(AttentionBackend):
         # One host-to-device copy for both int vectors; seq_lens starts 16-byte aligned, since Triton
         # compiles a kernel variant per pointer alignment (an unaligned one compiled mid-run on an H200)
         n, start = len(seq_lens), -(-(len(seq_lens) + 1) // 4) * 4
-        ints = _to_device(torch.tensor(loc + [0] * (start - n - 1) + list(seq_lens), dtype=torch.int32), device)
+        ints = torch.tensor(loc + [0] * (start - n - 1) + list(seq_lens), dtype=torch.int32)
+        ints = _to_device(ints, device)
         return TritonAttentionMetadata(
             query_start_loc=ints[: n + 1], seq_lens=ints[start:],
             block_tables=_to_device(torch.tensor(tables, dtype=torch.int32), device),

@@ -56,7 +56,8 @@ def random_batch(query_lens: list[int], context_lens: list[int], num_heads: int,
     slots = [tables[i][p // block_size] * block_size + p % block_size
              for i, (c, q) in enumerate(zip(context_lens, query_lens, strict=True)) for p in range(c, c + q)]
     return PagedBatch(
-        q=rand(n, num_heads, head_dim), k_new=rand(n, num_kv_heads, head_dim), v_new=rand(n, num_kv_heads, head_dim),
+        q=rand(n, num_heads, head_dim),
+        k_new=rand(n, num_kv_heads, head_dim), v_new=rand(n, num_kv_heads, head_dim),
         k_cache=rand(num_blocks, block_size, num_kv_heads, head_dim),
         v_cache=rand(num_blocks, block_size, num_kv_heads, head_dim),
         query_lens=list(query_lens), seq_lens=seq_lens, block_tables=tables,

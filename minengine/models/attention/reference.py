@@ -60,7 +60,8 @@ class AttentionMetadata:
     # sequence's context slots (by its index in the batch).
     decode_groups: dict[int | None, list[DecodeGroup]] = field(default_factory=dict, init=False, repr=False,
                                                               compare=False)
-    context_slots: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    context_slots: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False,
+                                                   compare=False)
     _query_lens: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
     _prepared: set[int | None] = field(default_factory=set, init=False, repr=False, compare=False)
 
@@ -265,7 +266,8 @@ def _decode_groups(
             query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # the new token ends its context
             mask = _context_mask(pos.expand(len(group), -1), query_pos, sliding_window)
             mask = mask.unsqueeze(1)  # [n, 1(head), 1(query), L]
-        out.append(DecodeGroup(starts, slots, mask, slice(rows[0], rows[0] + len(rows)) if consecutive else starts))
+        where = slice(rows[0], rows[0] + len(rows)) if consecutive else starts
+        out.append(DecodeGroup(starts, slots, mask, where))
     return out
 
 

@@ -182,7 +182,8 @@ if triton is not None:
 
         # 5. Normalise and write the rows that are real.
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        out_offsets = (q_start + token).to(tl.int64)[:, None] * out_stride_token + head[:, None] * out_stride_head
+        out_offsets = ((q_start + token).to(tl.int64)[:, None] * out_stride_token
+                       + head[:, None] * out_stride_head)
         tl.store(out_ptr + out_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & dim_ok[None, :])
 
