@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from minengine.models import attention as attn
+from minengine.models.attention import reference as attn
 from minengine.models import cpu_kernels
 from minengine.models.paged_decode import build_decode_batch
 from minengine.perf.measure import measure_read_bandwidth

@@ -164,7 +164,7 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
 
     from minengine.models import llama
 
-    names = ("paged_attention", "RMSNorm.forward", "RotaryEmbedding.forward", "LlamaAttention.forward",
+    names = ("attention_forward", "RMSNorm.forward", "RotaryEmbedding.forward", "LlamaAttention.forward",
              "LlamaMLP.forward", "LlamaModel.forward")
 
     def get(name: str) -> Any:
@@ -198,7 +198,7 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         n = x.shape[0]
         qk = torch.cat((q, k), -1).view(n, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = rotary_emb(rope, qk, self.num_heads)
-        out = llama.paged_attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, meta, self.scaling,
+        out = llama.attention_forward(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, meta, self.scaling,
                                     self.sliding_window)
         return self.o_proj(out.reshape(n, -1))
 
@@ -242,7 +242,7 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         "RoPE as 4 ops, not the C++ call (before)": {"RotaryEmbedding.forward": torch_rope},
         "RoPE looked up per layer, q and k apart (before)": {"LlamaModel.forward": per_layer_rope_model,
                                                             "RotaryEmbedding.forward": per_layer_rope},
-        "attention skipped": {"paged_attention": lambda q, *a, **k: q},
+        "attention skipped": {"attention_forward": lambda q, *a, **k: q},
         "RoPE skipped": {"RotaryEmbedding.forward": lambda self, tables, qk, n: qk.split((n, qk.shape[1] - n), 1)},
     }
     times: dict[str, list[float]] = {name: [] for name in variants}

@@ -202,7 +202,7 @@ def test_grouped_cpu_decode_attention_matches_one_group(monkeypatch: pytest.Monk
     """The CPU decode path cuts the batch into length-sorted groups (benchmarks/RESULTS.md §2, engine
     changes); with groups of one sequence each it must give what one padded SDPA call over all decodes
     gives."""
-    from minengine.models import attention as attn
+    from minengine.models.attention import reference as attn
 
     torch.manual_seed(0)
     bs, n_kv, n_q, d, num_blocks = 4, 2, 4, 8, 64
@@ -236,7 +236,7 @@ def test_decode_steps_smoke() -> None:
 
 def test_attention_decode_smoke() -> None:
     from benchmarks import attention_decode
-    from minengine.models import attention as attn
+    from minengine.models.attention import reference as attn
 
     before = attn.CPU_DECODE_GROUP_TOKENS
     r = attention_decode.main(["--smoke"])  # also checks that every variant gives the same output
