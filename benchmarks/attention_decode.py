@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from minengine.models.attention import reference as attn
 from minengine.models import cpu_kernels
+from minengine.models.attention import reference as attn
 from minengine.models.paged_decode import build_decode_batch
 from minengine.perf.measure import measure_read_bandwidth
 
