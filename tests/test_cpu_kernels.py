@@ -19,7 +19,7 @@ import torch
 from minengine.config import EngineConfig
 from minengine.core.sampling_params import SamplingParams
 from minengine.engine.llm import LLM
-from minengine.engine.worker import plan_execution as plan_fast_path
+from minengine.engine.worker import plan_execution
 from minengine.models import cpu_kernels
 from minengine.models.attention import AttentionMetadata, paged_attention
 from minengine.models.paged_decode import build_decode_batch
@@ -110,15 +110,16 @@ def test_bad_input_gets_a_readable_error() -> None:
 
 
 def test_the_cpu_plan_picks_the_kernel_for_fp32_only() -> None:
-    assert plan_fast_path(EngineConfig(), CPU).attention_backend == "cpp"
-    plan = plan_fast_path(EngineConfig(), CPU)
+    plan = plan_execution(EngineConfig(), CPU)
+    assert plan.attention_backend == "cpp" and "CPU default" in plan.reasons["attention_backend"]
     assert (plan.cuda_graphs, plan.extra_blocks) == (False, 0)  # no graphs, no scratch block
-    assert plan_fast_path(EngineConfig(), CPU, torch.bfloat16).attention_backend == "gather"
-    assert plan_fast_path(EngineConfig(attention_backend="gather"), CPU).attention_backend == "gather"
+    bf16 = plan_execution(EngineConfig(), CPU, torch.bfloat16)
+    assert bf16.attention_backend == "gather" and "fp32 only" in bf16.reasons["attention_backend"]
+    assert plan_execution(EngineConfig(attention_backend="gather"), CPU).attention_backend == "gather"
     with pytest.raises(ValueError, match="fp32 kernel"):
-        plan_fast_path(EngineConfig(attention_backend="cpp"), CPU, torch.bfloat16)
+        plan_execution(EngineConfig(attention_backend="cpp"), CPU, torch.bfloat16)
     with pytest.raises(ValueError, match="fp32 kernel"):
-        plan_fast_path(EngineConfig(attention_backend="cpp"), torch.device("cuda"))
+        plan_execution(EngineConfig(attention_backend="cpp"), torch.device("cuda"))
 
 
 @pytest.mark.parametrize("shape", [(1, 768), (64, 576), (5, 100), (3, 7, 64), (0, 32)])
@@ -298,14 +299,15 @@ def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback
 @pytest.mark.parametrize("how", ["switched off", "not built"])
 def test_without_the_kernels_the_engine_runs_the_reference_path_quietly(tmp_path, how: str) -> None:
     code = ("import minengine, torch\n"
-            "from minengine.engine.worker import plan_execution as plan_fast_path\n"
+            "from minengine.engine.worker import plan_execution\n"
             "from minengine.config import EngineConfig\n"
-            "print(plan_fast_path(EngineConfig(), torch.device('cpu')).attention_backend)\n"
+            "print(plan_execution(EngineConfig(), torch.device('cpu')).attention_backend)\n"
             "try:\n"
-            "    plan_fast_path(EngineConfig(attention_backend='cpp'), torch.device('cpu'))\n"
+            "    plan_execution(EngineConfig(attention_backend='cpp'), torch.device('cpu'))\n"
             "except ValueError as e:\n"
             "    print(e)\n"
             "llm = minengine.LLM()\n"
+            "print(llm.runtime.attention_backend, '|', llm.runtime.reasons['attention_backend'])\n"
             "print(len(llm.generate(['Tom'], minengine.SamplingParams(max_tokens=3), use_tqdm=False)))\n")
     # an empty build folder: what a machine sees before `python -m minengine.models.cpu_kernels`, and what
     # an engine in a notebook must not try to fix by compiling in the cell
@@ -317,6 +319,8 @@ def test_without_the_kernels_the_engine_runs_the_reference_path_quietly(tmp_path
     lines = done.stdout.splitlines()
     assert lines[0] == "gather" and lines[-1] == "1"
     assert ("turned off" if how == "switched off" else "not built here") in lines[1]
+    backend, reason = lines[-2].split(" | ")
+    assert backend == "gather" and "not built" in reason  # the engine says what runs, and why
     assert list(tmp_path.iterdir()) == []  # nothing was compiled
 
 
@@ -334,7 +338,7 @@ def test_engine_gives_the_reference_greedy_tokens_with_the_kernel(hf_model_dir, 
     ref = ref_llm.generate(prompts, params, use_tqdm=False)
     llm = LLM(path, **common)
     out = llm.generate(prompts, params, use_tqdm=False)
-    assert llm.llm_engine.model_runner.attention_backend == "cpp"
+    assert llm.llm_engine.model_runner.attention_backend == llm.runtime.attention_backend == "cpp"
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
     engine = llm.llm_engine
     assert engine.num_preemptions > 0 and engine.prefix_cache_stats["hits"] > 0
