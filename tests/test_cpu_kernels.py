@@ -1,9 +1,9 @@
-"""The CPU's C++ kernels. Mostly the paged decode-attention kernel (``models/csrc/paged_attention.cpp``) against the reference
-gather + SDPA path: shapes with a compiled-in fast path (head size 32, 64, 128) and the generic loop (8, 96),
-grouped-query heads, shuffled and shared blocks, sliding windows, a batch too small to give every
-thread a whole sequence; its readable errors; the engine's choice of backend; and the whole engine's
-greedy tokens with the kernel against the reference path on three model families. Also the RMSNorm and
-SwiGLU-activation kernels against the PyTorch ops they replace.
+"""The CPU's C++ kernels. Mostly the paged decode-attention kernel (``models/csrc/paged_attention.cpp``)
+against the reference gather + SDPA path: shapes with a compiled-in fast path (head size 32, 64, 128) and
+the generic loop (8, 96), grouped-query heads, shuffled and shared blocks, sliding windows, a batch too
+small to give every thread a whole sequence; its readable errors; the engine's choice of backend; and the
+whole engine's greedy tokens with the kernel against the reference path on three model families. Also
+the RMSNorm and SwiGLU-activation kernels against the PyTorch ops they replace.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def _reference(q, k_cache, v_cache, tables, lens, bs, window):
                          ids=["gqa3-d64", "mha-d128", "gqa8-d32", "gqa3-d8", "mqa-d96"])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("threads", [1, 2, 3])  # each thread takes a run of rows cut by keys to read
-def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: int | None, threads: int) -> None:
+def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: int | None,
+                                           threads: int) -> None:
     lens = [1, 37, 16, 5, 64, 23, 100]
     bs = 8
     tables, k_cache, v_cache, q = _case(1, lens, h_q, h_kv, d, bs)
@@ -89,7 +90,8 @@ def test_padded_rows_and_a_wide_table_change_nothing() -> None:
     tables, k_cache, v_cache, q = _case(2, lens, 4, 2, 16, 4)
     expected = _reference(q, k_cache, v_cache, tables, lens, 4, None)
     # padding rows point at block 0 with length 1; the table is wider than any row needs
-    batch = build_decode_batch(tables, lens, 4, k_cache.shape[0], backend="cpp", width=20, pad_to=5, pad_block=0)
+    batch = build_decode_batch(tables, lens, 4, k_cache.shape[0], backend="cpp", width=20, pad_to=5,
+                               pad_block=0)
     torch.testing.assert_close(batch.attend(q, k_cache, v_cache, 0.25), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -137,13 +139,15 @@ def test_rms_norm_kernel_gives_f_rms_norm_to_float_rounding(shape: tuple[int, ..
         view = torch.randn(shape[0], 2 * shape[1], shape[2]).split(shape[1], 1)[1]
         assert not view.is_contiguous()
         torch.testing.assert_close(torch.ops.minengine.rms_norm(view, w, 1e-6),
-                                   torch.nn.functional.rms_norm(view, (shape[-1],), w, 1e-6), rtol=4e-7, atol=4e-6)
+                                   torch.nn.functional.rms_norm(view, (shape[-1],), w, 1e-6),
+                                   rtol=4e-7, atol=4e-6)
 
 
 def test_rms_norm_kernel_errors_are_readable() -> None:
     assert cpu_kernels.load(), cpu_kernels.build_error()
     with pytest.raises(RuntimeError, match="float32 only"):
-        torch.ops.minengine.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16), 1e-6)
+        torch.ops.minengine.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16),
+                                     torch.randn(8, dtype=torch.bfloat16), 1e-6)
     with pytest.raises(RuntimeError, match="weight of D floats"):
         torch.ops.minengine.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
 
@@ -153,7 +157,8 @@ def test_the_engine_runs_its_norms_through_the_kernel_on_a_cpu_in_fp32(hf_model_
 
     llm = LLM(hf_model_dir("qwen3"), max_model_len=64, num_blocks=16, block_size=4)
     norms = [m for m in llm.llm_engine.model.modules() if isinstance(m, RMSNorm)]
-    assert llm.llm_engine.small_op_kernels and len(norms) > 3 and all(m.use_kernel for m in norms)  # q/k norms too
+    assert llm.llm_engine.small_op_kernels
+    assert len(norms) > 3 and all(m.use_kernel for m in norms)  # q/k norms too
     norm = llm.llm_engine.model.model.norm
     x = torch.randn(3, norm.weight.shape[0])
     with torch.inference_mode():
@@ -200,7 +205,8 @@ def test_the_engine_runs_its_mlp_activation_through_the_kernel_on_a_cpu_in_fp32(
     x = torch.randn(3, mlp.gate_up_proj.weight.shape[1])
     with torch.inference_mode():
         gate, up = mlp.gate_up_proj(x).chunk(2, -1)
-        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up),
+                                   rtol=1e-5, atol=1e-6)
     with torch.enable_grad():  # training falls back to the two ops: the kernel has no backward
         for p in mlp.parameters():
             p.requires_grad_(True)
@@ -211,9 +217,10 @@ def test_the_engine_runs_its_mlp_activation_through_the_kernel_on_a_cpu_in_fp32(
     assert not bf16.llm_engine.model.model.rotary_emb.use_kernel
 
 
-@pytest.mark.parametrize(("tokens", "q_heads", "kv_heads", "head_dim"), [(1, 12, 4, 64), (37, 9, 3, 64), (5, 4, 2, 128),
-                                                                         (3, 2, 1, 6), (0, 4, 2, 64)])
-def test_rotary_kernel_rotates_q_and_k_in_place_exactly_as_the_four_ops(tokens, q_heads, kv_heads, head_dim) -> None:
+@pytest.mark.parametrize(("tokens", "q_heads", "kv_heads", "head_dim"),
+                         [(1, 12, 4, 64), (37, 9, 3, 64), (5, 4, 2, 128), (3, 2, 1, 6), (0, 4, 2, 64)])
+def test_rotary_kernel_rotates_q_and_k_in_place_exactly_as_the_four_ops(tokens, q_heads, kv_heads,
+                                                                         head_dim) -> None:
     """csrc/rotary.cpp on the qk part of a fused qkv output (rows strided past v): bit for bit what
     RotaryEmbedding's PyTorch ops give, at scattered positions; v, beside qk in each row, is untouched."""
     from minengine.models.config import ModelConfig
@@ -267,7 +274,8 @@ def test_rotary_kernel_errors_are_readable_and_training_keeps_the_ops() -> None:
     assert qk.grad is not None and qk.grad.abs().sum() > 0
 
 
-def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path, monkeypatch) -> None:
+def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback(tmp_path,
+                                                                                 monkeypatch) -> None:
     """Where builds go and are found: a shared environment (a hub's one venv, built by its administrator)
     gives every user its build; a read-only one sends a build to the user's cache."""
     env, cache = tmp_path / "venv", tmp_path / "xdg"
@@ -289,7 +297,8 @@ def test_a_build_in_the_environment_is_shared_and_the_user_cache_is_the_fallback
     built(env_root)
     assert cpu_kernels._paths() == (name, env_root / name)  # the environment's build comes first
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
     assert cpu_kernels._paths(for_build=True) == (name, cache_root / name)  # a read-only environment
     monkeypatch.setenv(cpu_kernels.ENV_DIR, str(tmp_path / "mine"))
     assert cpu_kernels._roots() == [tmp_path / "mine"]  # one folder, named: nothing else is looked at
@@ -325,7 +334,8 @@ def test_without_the_kernels_the_engine_runs_the_reference_path_quietly(tmp_path
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
-def test_engine_gives_the_reference_greedy_tokens_with_the_kernel(hf_model_dir, torch_one_thread, family: str) -> None:
+def test_engine_gives_the_reference_greedy_tokens_with_the_kernel(hf_model_dir, torch_one_thread,
+                                                                  family: str) -> None:
     """Chunked prefill (mixed steps: the kernel takes the decodes, the gather path the chunks), a cache
     small enough to preempt, prefix hits; mistral has a sliding window."""
     rng = random.Random(7)

@@ -311,7 +311,7 @@ def test_triton_paths_give_the_reference_greedy_tokens(hf_model_dir, family: str
         assert engine.kv_cache.kv_caches[0][0].shape[0] == engine.kv_cache.num_blocks + 1  # the scratch block
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.py runs it too)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.py)")
 def test_cuda_graphs_and_triton_match_the_reference_on_gpu(hf_model_dir) -> None:
     prompts = _prompts(6)
     path = hf_model_dir("qwen3")
