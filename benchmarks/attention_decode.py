@@ -37,6 +37,7 @@ from minengine.models import cpu_kernels
 from minengine.models.attention import reference as attn
 from minengine.models.paged_decode import build_decode_batch
 from minengine.perf.measure import measure_read_bandwidth
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common
@@ -59,7 +60,7 @@ def before(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: attn.KVCach
         assert meta.block_tables is not None
         lens = torch.tensor(meta.seq_lens)
         max_len, bs = int(lens.max()), meta.block_size
-        max_blocks = -(-max_len // bs)
+        max_blocks = cdiv(max_len, bs)
         tables = torch.tensor([(t + [0] * max_blocks)[:max_blocks] for t in meta.block_tables])
         pos = torch.arange(max_len)
         slots = tables[:, pos // bs] * bs + pos % bs
@@ -96,13 +97,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rng = random.Random(0)
     lo, hi = (int(x) for x in args.contexts.split(","))
     lens = [rng.randint(lo, hi) for _ in range(args.batch)]
-    num_blocks = sum(-(-n // bs) for n in lens) + 1
+    num_blocks = sum(cdiv(n, bs) for n in lens) + 1
     ids = list(range(1, num_blocks))
     if args.block_layout == "shuffled":
         rng.shuffle(ids)  # blocks scattered over the pool, as after a while of serving
     tables, used = [], 0
     for n in lens:
-        count = -(-n // bs)
+        count = cdiv(n, bs)
         tables.append(ids[used:used + count] if args.block_layout != "cached" else [1 + j % 4 for j in range(count)])
         used += count
     caches = [(torch.randn(num_blocks, bs, n_kv, d), torch.randn(num_blocks, bs, n_kv, d))

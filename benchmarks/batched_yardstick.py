@@ -35,6 +35,8 @@ import subprocess
 import time
 from typing import Any
 
+from minengine.utils import cdiv
+
 try:
     from benchmarks import common, llamacpp, mixed_workload
 except ImportError:  # run as a script: python benchmarks/batched_yardstick.py
@@ -81,7 +83,7 @@ def make_minengine(policy: str, batch: int, prompt: int, gen: int) -> Any:
 
     return minengine.LLM(llamacpp.MODEL, dtype="float32", policy=policy, enable_prefix_caching=False,
                          enable_chunked_prefill=True, max_num_batched_tokens=UBATCH, max_num_seqs=batch,
-                         max_model_len=prompt + gen + 8, num_blocks=batch * (-(-(prompt + gen + 8) // 16)) + 16)
+                         max_model_len=prompt + gen + 8, num_blocks=batch * cdiv(prompt + gen + 8, 16) + 16)
 
 
 def run_minengine(llm: Any, batch: int, prompt: int, gen: int, seed: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ import argparse
 import statistics
 
 import minengine
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common
@@ -33,7 +34,7 @@ def measure(llm: minengine.LLM, batch: int, steps: int, prompt_len: int) -> tupl
     prompts = [[(7 * i + j) % 500 + 10 for j in range(prompt_len)] for i in range(batch)]
     # early requests decode while later prompts are still prefilling: give them room for those steps too
     budget = llm.config.max_num_batched_tokens or 1
-    extra = -(-batch * prompt_len // budget) + 1
+    extra = cdiv(batch * prompt_len, budget) + 1
     params = minengine.SamplingParams(temperature=0, max_tokens=steps + extra, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     pure = [s for s in llm.step_records if s.num_prefill_tokens == 0 and s.num_decode_seqs == batch]
@@ -83,7 +84,7 @@ def profile(llm: minengine.LLM, batch: int, prompt_len: int) -> None:
 
     engine = llm.llm_engine
     budget = llm.config.max_num_batched_tokens or 1
-    params = minengine.SamplingParams(temperature=0, max_tokens=10 + -(-batch * prompt_len // budget),
+    params = minengine.SamplingParams(temperature=0, max_tokens=10 + cdiv(batch * prompt_len, budget),
                                       ignore_eos=True)
     for i in range(batch):
         engine.add_request(None, [(7 * i + j) % 500 + 10 for j in range(prompt_len)], params)

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from minengine.core.sampling_params import RequestOutputKind, SamplingParams
 from minengine.engine.llm_engine import LLMEngine
 from minengine.models.loader import build_random_model, load_tokenizer
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common
@@ -60,7 +61,7 @@ def _stand_in_forward(vocab: int) -> Any:
 def run(kind: RequestOutputKind, batch: int, output_len: int, model: Any, tokenizer: Any, forward: str,
         bar: Any) -> dict[str, float]:
     engine = LLMEngine(model=model, tokenizer=tokenizer, max_num_seqs=batch, block_size=16,
-                       enable_prefix_caching=False, num_blocks=batch * (-(-(output_len + 16) // 16)))
+                       enable_prefix_caching=False, num_blocks=batch * cdiv(output_len + 16, 16))
     if forward == "stand-in":
         engine.model_runner.forward = _stand_in_forward(model.config.vocab_size)  # type: ignore[method-assign]
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, output_kind=kind, stop=STOP)

@@ -26,6 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import minengine
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     prompts = [new_prompt() for _ in range(args.num_requests)]
     params = minengine.SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    kv_blocks = args.num_requests * -(-(args.prefix_len + args.suffix_len + args.output_len) // 16) + 16
+    kv_blocks = args.num_requests * cdiv(args.prefix_len + args.suffix_len + args.output_len, 16) + 16
     engines = {on: minengine.LLM(path, enable_prefix_caching=on, num_blocks=kv_blocks)
                for on in (True, False)}
     warm = [[rng.randrange(3, 1700) for _ in range(32)]]

@@ -28,6 +28,7 @@ from minengine.core.engine_core import EngineCore, NullExecutor, StepInFlight
 from minengine.core.request import Request
 from minengine.core.sampling_params import SamplingParams
 from minengine.core.scheduler import Scheduler
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common
@@ -42,10 +43,10 @@ class NullEngine:
         budget = max(2048, 2 * num_seqs)
         # Requests decode during the prefill steps too (taking up to num_seqs of each step's budget), so
         # they need that many extra tokens of room.
-        max_tokens = max_steps + -(-num_seqs * prompt_len // (budget - num_seqs)) + 8
+        max_tokens = max_steps + cdiv(num_seqs * prompt_len, budget - num_seqs) + 8
         config = EngineConfig(max_num_seqs=num_seqs, max_num_batched_tokens=budget)
         config = config.resolved(prompt_len + max_tokens)
-        blocks = num_seqs * -(-(prompt_len + max_tokens) // config.block_size)
+        blocks = num_seqs * cdiv(prompt_len + max_tokens, config.block_size)
         self.scheduler = Scheduler(config, blocks)
         self.num_steps = 0
         self.executor = NullExecutor(token=3)
@@ -75,7 +76,7 @@ def measure(seqs: list[int], steps: int, chunk: int, prompt_len: int, bar: Any) 
     engines = {n: NullEngine(n, prompt_len, steps) for n in seqs}
     samples: dict[int, dict[str, list[float]]] = {n: {"sched": [], "update": [], "load": []} for n in seqs}
     gc.collect()
-    for _ in range(-(-steps // chunk)):
+    for _ in range(cdiv(steps, chunk)):
         for n, engine in engines.items():
             for _ in range(chunk):
                 s, u, k = engine.step()

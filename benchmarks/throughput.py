@@ -57,6 +57,7 @@ import minengine
 from minengine.core.records import RequestRecord
 from minengine.metrics.stats import summarize
 from minengine.perf.measure import measure_matmul_flops, measure_read_bandwidth
+from minengine.utils import cdiv
 
 try:
     from benchmarks import common, mixed_workload
@@ -207,7 +208,7 @@ def run_hf_cb(hf: Any, args: argparse.Namespace) -> Callable[[Workload], Result]
 
     gen = GenerationConfig(do_sample=False, max_new_tokens=args.max_model_len, eos_token_id=-1,
                            pad_token_id=0)
-    cb = ContinuousBatchingConfig(num_blocks=-(-args.kv_tokens // 256),
+    cb = ContinuousBatchingConfig(num_blocks=cdiv(args.kv_tokens, 256),
                                   max_batch_tokens=args.hf_cb_tokens or None,
                                   max_requests_per_batch=args.max_num_seqs)
 

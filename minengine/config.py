@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from minengine.utils import cdiv
+
 POLICY_NAMES = ("decode_first", "prefill_first")
 LINEAR_KERNELS = ("torch", "onednn")  # see minengine.models.linear_kernels
-ATTENTION_BACKENDS = ("gather", "cpp", "triton")  # minengine.models.attention.backends (torch-free here)
+ATTENTION_BACKENDS = ("gather", "cpp", "triton")  # the classes in minengine.models.attention.backends
 # CPU/MPS have no "free memory" query worth trusting, so the KV cache gets a fixed budget there (it is
 # also capped at what max_num_seqs sequences of max_model_len tokens could ever use).
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
@@ -170,7 +172,7 @@ class EngineConfig:
             return self.kv_cache_memory_bytes
         if device_budget_bytes is not None:
             return device_budget_bytes() if callable(device_budget_bytes) else device_budget_bytes
-        blocks_per_seq = -(-self.max_model_len // self.block_size)  # type: ignore[operator]
+        blocks_per_seq = cdiv(self.max_model_len, self.block_size)  # type: ignore[operator]
         per_block = self.block_size * kv_bytes_per_token
         return min(DEFAULT_CPU_KV_CACHE_BYTES, self.max_num_seqs * blocks_per_seq * per_block)
 

@@ -1,4 +1,4 @@
-"""The package's shape, checked on its source (AST, nothing imported): layers, one step loop, small files.
+"""The package's shape, checked on its source (AST, nothing imported): layers, one step loop, no circles.
 
 Each rule is a function that returns its violations, and each is also run on a planted bad source, so
 a rule that silently stopped finding anything would fail here too.
@@ -13,7 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minengine"
-MAX_LINES = 400
 
 # Which of minengine's top-level packages/modules each one may import (besides itself). Data flows
 # request -> scheduler -> executor -> model -> outputs -> metrics; front ends (server, bench, cli,
@@ -23,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "core": {"config"},
     "perf": set(),
-    "models": {"perf"},  # perf.model_spec: torch-free facts read from HF configs
+    "models": {"config", "perf"},  # perf.model_spec: torch-free facts read from HF configs
     "kvcalc": {"perf"},
     "metrics": {"core"},
     "engine": {"_lazy", "config", "core", "models", "perf", "kvcalc", "metrics"},
@@ -36,11 +35,14 @@ ALLOWED: dict[str, set[str]] = {
                "bench", "(root)"},
     "__main__": {"cli"},
     "(root)": {"_lazy"},
+    "utils": set(),
 }
+# Leaf helpers (``cdiv``) that any layer may import: they import nothing of the package.
+SHARED = {"utils"}
 # Single modules that may reach further than their package: calibration runs the real engine.
 EXTRA: dict[str, set[str]] = {"sim/calibrate.py": {"engine", "models"}}
 # Packages that must start without torch (``minengine kv``, the simulator, the bench client).
-TORCH_FREE = {"_lazy", "config", "core", "kvcalc", "metrics", "sim", "bench", "perf", "(root)"}
+TORCH_FREE = {"_lazy", "utils", "config", "core", "kvcalc", "metrics", "sim", "bench", "perf", "(root)"}
 TORCH_ALLOWED_FILES = {"sim/calibrate.py", "perf/measure.py"}
 HEAVY = {"torch", "transformers", "safetensors", "tokenizers"}
 
@@ -94,7 +96,7 @@ def layer_violations(rel: str, source: str) -> list[str]:
     allowed = ALLOWED.get(layer)
     if allowed is None:
         return [f"{rel}: package {layer!r} has no layer rule in tests/test_architecture.py"]
-    allowed = allowed | EXTRA.get(rel, set()) | {layer}
+    allowed = allowed | EXTRA.get(rel, set()) | SHARED | {layer}
     bad = []
     for line, what in _imported_layers(tree, rel):
         if what.startswith("<"):
@@ -155,10 +157,77 @@ def test_tests_drive_the_scheduler_through_engine_core() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_no_source_file_is_longer_than_400_lines() -> None:
-    long = {rel: src.count("\n") + (not src.endswith("\n")) for rel, src in _sources(PACKAGE, PACKAGE)}
-    long = {rel: n for rel, n in long.items() if n > MAX_LINES}
-    assert not long, f"split these by concept (at most {MAX_LINES} lines): {long}"
+def _module_name(rel: str) -> str:
+    name = "minengine." + rel.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def _imported_modules(rel: str, source: str, modules: set[str]) -> set[str]:
+    """The package's modules that ``rel`` imports (anywhere in the file, deferred imports included):
+    ``from minengine.models import llama`` names the submodule, not the package's ``__init__``."""
+    package = _module_name(rel) if rel.endswith("__init__.py") else _module_name(rel).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            subs = {f"{base}.{a.name}" for a in node.names} & modules
+            found |= subs or ({base} & modules)
+    return found - {_module_name(rel)}
+
+
+def import_cycles(sources: list[tuple[str, str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or round a longer circle (Tarjan's strongly
+    connected components). A circle means two concepts that can't be read, tested or loaded alone."""
+    modules = {_module_name(rel) for rel, _ in sources}
+    edges = {_module_name(rel): _imported_modules(rel, src, modules) for rel, src in sources}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_two_modules_import_each_other() -> None:
+    cycles = import_cycles(_sources(PACKAGE, PACKAGE))
+    assert not cycles, "import circles (move the shared part into a module both import):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_a_planted_import_circle_is_caught() -> None:
+    planted = [("models/a.py", "from minengine.models import b\n"),
+               ("models/b.py", "def f():\n    from minengine.models.a import x\n"),
+               ("models/c.py", "from minengine.models import a\n")]
+    assert import_cycles(planted) == [["minengine.models.a", "minengine.models.b"]]
+    assert import_cycles(planted[:1] + planted[2:]) == []
 
 
 @pytest.mark.parametrize(("rel", "source", "expected"), [

@@ -229,7 +229,7 @@ def test_second_load_reuses_the_cache_and_a_changed_file_gets_a_new_one(tmp_path
 def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_cache(tmp_path, monkeypatch, capsys):
     """make setup converts the packaged model into the environment (a hub's one venv) for every user; a
     file only one user loads goes to that user's cache; a read-only environment says so, never half-writes."""
-    from minengine.models import gguf_cache, loader
+    from minengine.models import gguf_cache
 
     env, xdg = tmp_path / "venv", tmp_path / "xdg"
     monkeypatch.setattr(sys, "prefix", str(env))
@@ -239,8 +239,8 @@ def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_c
     packaged, other = tmp_path / "packaged.gguf", tmp_path / "other.gguf"
     write_gguf(build_hf_model("llama"), packaged)
     write_gguf(build_hf_model("llama"), other)
-    monkeypatch.setattr(loader, "PACKAGED_MODELS", {"tiny-packaged": None})
-    monkeypatch.setattr(loader, "packaged_model_file", lambda name: packaged)
+    monkeypatch.setattr(gguf_cache, "PACKAGED_MODELS", {"tiny-packaged": None})
+    monkeypatch.setattr(gguf_cache, "packaged_model_file", lambda name: packaged)
     assert gguf_cache.main([]) == 0  # what make setup runs: every packaged model
     out = capsys.readouterr().out
     assert "tiny-packaged: model folder for every user of this environment: " + str(shared) in out
@@ -269,8 +269,8 @@ def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_c
     with pytest.raises(ModelLoadError, match="cannot write the converted model"):
         gguf_cache.gguf_model_folder(third, for_everyone=True)
     assert not list(shared.glob("third-*")) and not list(shared.glob(".converting-*"))
-    monkeypatch.setattr(loader, "PACKAGED_MODELS", {"tiny-packaged": None})
-    monkeypatch.setattr(loader, "packaged_model_file", lambda name: third)
+    monkeypatch.setattr(gguf_cache, "PACKAGED_MODELS", {"tiny-packaged": None})
+    monkeypatch.setattr(gguf_cache, "packaged_model_file", lambda name: third)
     assert gguf_cache.main(["tiny-packaged"]) == 0
     assert "read-only here; each user converts it on first load" in capsys.readouterr().out
     assert gguf_cache.main(["no-such-model"]) == 2

@@ -73,7 +73,7 @@ def test_packaged_model_without_its_package_says_how_to_install(monkeypatch):
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(loader_module.importlib.metadata, "distribution", not_installed)
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
     with pytest.raises(ModelPackageMissingError) as err:
         load_model("smollm2-135m")
     msg = str(err.value)

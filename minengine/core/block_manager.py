@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minengine.core.request import Request
+from minengine.utils import cdiv
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
@@ -73,7 +74,7 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     # ---- prefix cache ----
     def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
@@ -150,7 +151,7 @@ class BlockManager:
         """
         bs = self.block_size
         total = request.num_computed_tokens + len(new_computed_blocks) * bs + num_new_tokens
-        num_new_blocks = -(-total // bs) - len(request.block_table) - len(new_computed_blocks)
+        num_new_blocks = cdiv(total, bs) - len(request.block_table) - len(new_computed_blocks)
         # Hits sitting in the free queue leave it when we take them, so they count against the free blocks.
         num_revived = sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0) if new_computed_blocks else 0
         if num_new_blocks + num_revived + reserve > len(self.free_queue):

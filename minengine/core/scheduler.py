@@ -47,6 +47,7 @@ from minengine.core.policies import (
 )
 from minengine.core.request import Request, RequestStatus
 from minengine.core.sched_output import Entry, SchedulerOutput
+from minengine.utils import cdiv
 
 # Called after each sampled token is appended: (request, finishing) -> the stop string it completed, or
 # None. The engine's detokenizer answers it (stop strings need text; the scheduler only sees ids).
@@ -68,7 +69,7 @@ def check_request_size(
             "max_model_len"
         )
     need = max_model_len if max_tokens is None else min(max_model_len, num_prompt_tokens + max_tokens)
-    if -(-(need - 1) // block_size) > num_blocks:  # the last sampled token's K/V is never stored
+    if cdiv(need - 1, block_size) > num_blocks:  # the last sampled token's K/V is never stored
         raise ValueError(
             f"request {request_id!r} can never run: it may grow to {need} tokens (prompt {num_prompt_tokens} + max_tokens "
             f"{max_tokens}, at most max_model_len {max_model_len}) but the whole KV cache holds "
@@ -175,7 +176,7 @@ class Scheduler:
                               finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
         # Ids scheduled so far in this step. A built-in policy never offers a request twice, so for it the
-        # set is only built when a preemption or an admission needs it (from ``entries``).
+        # set is only built when a preemption or an admission needs it (``_scheduled_ids``).
         dedupe = type(self.policy) not in (DecodeFirstPolicy, PrefillFirstPolicy)
         scheduled: set[str] = set()
         preempted: list[Request] = []
@@ -247,7 +248,7 @@ class Scheduler:
                 num_new = min(num_new, budget)
                 # Blocks for the KV that arrives from elsewhere are allocated like new tokens' blocks.
                 num_slots = num_computed - num_cached + num_new
-                ids = scheduled if dedupe else {e[0].request_id for e in entries}
+                ids = scheduled if dedupe else self._scheduled_ids(entries)
                 if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(ids, budget - num_new)):
                     admitting = False
                     continue
@@ -299,8 +300,11 @@ class Scheduler:
             token = get_token(req.request_id)
             if token is None:
                 if sample:
-                    raise RuntimeError(f"the executor returned no token for request {req.request_id!r}, which "
-                                       "sampled in this step (ModelRunnerOutput.sampled_token_ids needs one)")
+                    raise RuntimeError(
+                        f"the executor returned no token for request {req.request_id!r}, which sampled in "
+                        "this step: ModelRunnerOutput.sampled_token_ids needs one for every request with "
+                        "ScheduledRequest.sample"
+                    )
                 continue  # a prefill chunk that did not reach the end of the prompt
             if type(token) is int and token not in req.stop_token_set:  # append_output_token, inlined
                 token_ids, record = req.token_ids, req.record
@@ -343,6 +347,11 @@ class Scheduler:
             )
         return n
 
+    @staticmethod
+    def _scheduled_ids(entries: list[Entry]) -> set[str]:
+        """The ids of the requests this step has scheduled so far."""
+        return {e[0].request_id for e in entries}
+
     def _allocate_running(
         self, req: Request, num_new: int, entries: list[Entry], scheduled: set[str] | None,
         preempted: list[Request],
@@ -352,7 +361,7 @@ class Scheduler:
         ids = scheduled
         while not self.block_manager.allocate_slots(req, num_new):
             if ids is None:
-                ids = {e[0].request_id for e in entries}
+                ids = self._scheduled_ids(entries)
             victim = self.policy.select_victim([r for r in self.running if r.request_id not in ids])
             self._preempt(victim)
             preempted.append(victim)

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from numbers import Real
 from typing import Any
 
+from minengine.utils import cdiv
+
 
 # ------------------------------------------------------------------------------------------- quietness
 @contextlib.contextmanager
@@ -223,7 +225,7 @@ def expect_capacity(max_concurrent_sequences: Any, kv_bytes_per_token: Any, case
     util, reserve = case.get("gpu_memory_utilization", 0.9), case.get("reserve_bytes", 2 * 2**30)
     block = case.get("block_size", 16)
     budget = int(case["gpu_memory_bytes"] * util) - case["weight_bytes"] - reserve
-    slots = -(-case["context_len"] // block) * block
+    slots = cdiv(case["context_len"], block) * block
 
     def mine() -> float:
         return max(0, budget) // (slots * kv_bytes_per_token(case["config"], case.get("bytes_per_element", 2)))

@@ -4,16 +4,17 @@ Why: every submission runs in a fresh kernel, and most of a lab's time is that k
 core, so a class of thirty (or the test suite's planted submissions) leaves the other cores idle.
 Here the (student, assignment) pairs are split over worker processes, each running nbgrader's own
 ``Autograde`` on its share, one pair at a time, exactly as :func:`minengine.course.grading.autograde`
-does. They share the course's gradebook (SQLite), so every student and assignment row is created
-*before* the workers start: two workers must never race to insert the same student.
+does in one process. They share the course's gradebook (SQLite), so ``grading.autograde`` creates every
+student and assignment row *before* the workers start: two workers must never race to insert one.
+This module knows nothing of nbgrader: it deals out work and collects failures.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -37,34 +38,27 @@ def split(pairs: list[tuple[str, str]], workers: int) -> list[list[tuple[str, st
     return [s for s in shares if s]
 
 
-def _grade_share(course_dir: str, share: list[tuple[str, str]], threads: int) -> int:
-    """Worker body: autograde each pair of the share in this process, one at a time. Its kernels get
-    ``threads`` math threads: two kernels each spinning a thread per core would slow each other down."""
-    from minengine.course import grading
-
+def _run_share(task: Callable[[list[tuple[str, str]]], object], share: list[tuple[str, str]],
+               threads: int) -> int:
+    """Worker body: ``task(share)`` in this process, its kernels given ``threads`` math threads (two
+    kernels each spinning a thread per core would slow each other down)."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
-
-    for student, assignment in share:
-        grading.autograde(Path(course_dir), student, assignment)
+    task(share)
     return len(share)
 
 
-def autograde_in_parallel(course_dir: Path, pairs: list[tuple[str, str]], workers: int) -> None:
-    """Grade ``pairs`` with ``workers`` processes; the first failure is raised once all have stopped."""
-    from minengine.course import grading
-
-    with grading.grading_environment(), grading._gradebook(grading.load_config(course_dir)) as gb:
-        for student in sorted({s for s, _ in pairs}):
-            gb.update_or_create_student(student)
-        for assignment in sorted({a for _, a in pairs}):
-            gb.update_or_create_assignment(assignment)
+def run_in_parallel(task: Callable[[list[tuple[str, str]]], object], pairs: list[tuple[str, str]],
+                    workers: int) -> None:
+    """Run ``task`` on ``workers`` processes, each over its share of ``pairs``; the first failure is
+    raised once all have stopped. ``task`` must be picklable (a module-level function or a
+    ``functools.partial`` of one): :func:`minengine.course.grading.autograde` passes its own grader."""
     # spawn, not fork: a forked child would inherit this process's open gradebook connection and threads
     context = multiprocessing.get_context("spawn")
     shares = split(pairs, workers)
     with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
         threads = max(1, usable_cores() // len(shares))
-        futures = [pool.submit(_grade_share, str(course_dir), share, threads) for share in shares]
+        futures = [pool.submit(_run_share, task, share, threads) for share in shares]
         errors = [f.exception() for f in futures]
     failed = [e for e in errors if e is not None]
     if failed:

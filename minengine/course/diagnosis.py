@@ -24,7 +24,7 @@ import numpy as np
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
-from minengine.course.lessons import SHIPPED_VOCAB, RunResult, WorkRequest, random_prompt, run_requests
+from minengine.course.lessons import SHIPPED_VOCAB, WorkRequest, random_prompt
 
 PROBLEMS = ("queueing", "interference", "thrashing")
 LONG_PROMPT = 700  # tokens: the "documents" of the traffic (shipped model context: 2048)
@@ -57,11 +57,6 @@ def traffic(num_requests: int, rate: float, seed: int = 0, long_fraction: float 
 def quiet_traffic(work: Sequence[WorkRequest], n: int = 8, gap: float = 0.4) -> list[WorkRequest]:
     """The first ``n`` requests of a workload one after another (``gap`` s apart): the engine idle."""
     return [WorkRequest(i * gap, w.prompt, w.params) for i, w in enumerate(work[:n])]
-
-
-def planted_run(llm: object, problem: str, work: Sequence[WorkRequest]) -> RunResult:
-    """Run ``work`` on an engine built with ``engine_options(problem)`` (``llm`` is already that engine)."""
-    return run_requests(llm, work)
 
 
 # ------------------------------------------------------------------------------------------ findings

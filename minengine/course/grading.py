@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from minengine.course.autograde_pool import run_in_parallel
 from minengine.course.templating import DEFAULT_COURSE_SEED, render_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -308,26 +309,37 @@ def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignm
               workers: int = 1) -> list[Score]:
     """Autograde the matching submissions, one (student, assignment) at a time; returns their scores.
     ``workers`` > 1 grades on that many processes (``minengine.course.autograde_pool``)."""
-    from nbgrader.converters import Autograde
-
     config = load_config(course_dir)
     pairs = submissions(course_dir, student, assignment)
     if not pairs:
         raise GradingError(f"no submissions under {course_dir / 'submitted'} match "
                            f"student={student or '*'} assignment={assignment or '*'}")
     if workers > 1 and len(pairs) > 1:
-        from minengine.course.autograde_pool import autograde_in_parallel
-
-        autograde_in_parallel(course_dir, pairs, workers)
-        return [sc for sc in scores(course_dir) if (sc.student, sc.assignment) in set(pairs)]
-    coursedir = _coursedir(config)
-    for s, a in pairs:
-        coursedir.student_id, coursedir.assignment_id = s, a
-        app = Autograde(coursedir=coursedir, config=config)
-        app.force = True
-        app.create_student = True
-        _run(app, f"autograde {a} for {s}")
+        with _gradebook(config) as gb:  # every row first: two workers must never insert the same one
+            for s in sorted({s for s, _ in pairs}):
+                gb.update_or_create_student(s)
+            for a in sorted({a for _, a in pairs}):
+                gb.update_or_create_assignment(a)
+        run_in_parallel(functools.partial(_autograde_pairs, str(course_dir)), pairs, workers)
+    else:
+        _autograde_pairs(course_dir, pairs, config)
     return [sc for sc in scores(course_dir) if (sc.student, sc.assignment) in set(pairs)]
+
+
+def _autograde_pairs(course_dir: Path | str, pairs: list[tuple[str, str]], config: Any = None) -> None:
+    """nbgrader's ``Autograde`` on each (student, assignment) pair, one after another, in this process
+    (a pool worker's body too, so it sets up the grading environment itself)."""
+    from nbgrader.converters import Autograde
+
+    with grading_environment():
+        config = load_config(Path(course_dir)) if config is None else config
+        coursedir = _coursedir(config)
+        for s, a in pairs:
+            coursedir.student_id, coursedir.assignment_id = s, a
+            app = Autograde(coursedir=coursedir, config=config)
+            app.force = True
+            app.create_student = True
+            _run(app, f"autograde {a} for {s}")
 
 
 @_in_grading_environment

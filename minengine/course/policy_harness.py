@@ -29,6 +29,7 @@ from typing import Any
 
 from minengine.core.policies import SchedulingPolicy, make_policy
 from minengine.core.request import Request
+from minengine.utils import cdiv
 
 RESULTS_FILE = "lab2_results.json"
 
@@ -329,7 +330,7 @@ def check_properties(factory: Any, check: str, seed: int, max_examples: int = 25
         for _ in range(draw(st.integers(1, 12))):
             prompt, cap = draw(st.integers(1, 80)), draw(st.integers(1, 24))
             arrivals.append(Arrival(draw(st.integers(0, 30)), prompt, draw(st.integers(1, cap)), cap))
-        biggest = max(-(-(a.prompt_len + a.max_tokens - 1) // block) for a in arrivals)
+        biggest = max(cdiv(a.prompt_len + a.max_tokens - 1, block) for a in arrivals)
         limits = {"max_num_batched_tokens": draw(st.sampled_from([8, 16, 32, 64])),
                   "max_num_seqs": draw(st.integers(1, 6)), "block_size": block,
                   "num_blocks": draw(st.integers(biggest, 3 * biggest))}

@@ -45,6 +45,7 @@ import torch
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.models.attention import KVCache
 from minengine.models.paged_decode import DecodeTensors
+from minengine.utils import cdiv
 
 # Padded context tokens (rows x longest context) one compiled step takes. Attention reads K/V in place, so
 # what grows with it is only the fp32 scores, B x L x H_q (34 MB at 32 query heads); bigger steps run eagerly.
@@ -135,7 +136,7 @@ class CompiledDecode:
     def _tensors(self, ids: list[int], positions: list[int], slots: list[int], lens: list[int],
                  tables: list[list[int]]) -> tuple[Any, ...]:
         bs, length = self.block_size, max(lens)
-        num_blocks = -(-length // bs)
+        num_blocks = cdiv(length, bs)
         padded = [(t + [0] * num_blocks)[:num_blocks] for t in tables]
         cfg = self.model.config
         ids_t, positions_t = torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long)

@@ -31,6 +31,7 @@ import torch
 
 from minengine.models.attention import KVCache
 from minengine.models.attention.backends import TritonAttentionMetadata, TritonBackend
+from minengine.utils import cdiv
 
 MAX_CAPTURE_SIZE = 512  # nano-vllm's cap; bigger decode batches are compute-bound enough to run eagerly
 
@@ -217,7 +218,7 @@ class DecodeGraphRunner:
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copies have left the host buffers
         ints = self._ints_np
-        used = [-(-s // self.block_size) for s in inputs.seq_lens]
+        used = [cdiv(s, self.block_size) for s in inputs.seq_lens]
         kmax = max(used)
         for i, (table, k) in enumerate(zip(inputs.block_tables, used, strict=True)):
             if k > self.width or k > len(table):

@@ -25,6 +25,7 @@ from minengine.models.attention import AttentionMetadata, KVCache, allocate_kv_c
 from minengine.models.config import ModelConfig
 from minengine.perf.model_input import spec_from_model_config
 from minengine.perf.model_spec import dtype_bits
+from minengine.utils import cdiv
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
@@ -95,7 +96,7 @@ def check_kv_index_space(model_config: ModelConfig, num_blocks: int, block_size:
 def _useful_bytes(config: EngineConfig, per_token: int) -> int:
     """The most KV memory the scheduler could ever fill: max_num_seqs sequences of max_model_len tokens."""
     assert config.max_model_len is not None
-    blocks_per_seq = -(-config.max_model_len // config.block_size)
+    blocks_per_seq = cdiv(config.max_model_len, config.block_size)
     return config.max_num_seqs * blocks_per_seq * config.block_size * per_token
 
 

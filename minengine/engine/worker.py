@@ -31,6 +31,7 @@ from minengine.engine.model_runner import ModelRunner
 from minengine.engine.sampler import Sampler
 from minengine.models import linear_kernels, triton_ops
 from minengine.models.attention.backends import get_attention_backend
+from minengine.utils import cdiv
 
 
 @dataclass
@@ -192,7 +193,7 @@ class Worker:
         config, kv = self.config, self.kv_cache
         assert config.max_model_len is not None
         pad_block = int(kv.kv_caches[0][0].shape[0]) - 1
-        width = -(-config.max_model_len // kv.block_size)
+        width = cdiv(config.max_model_len, kv.block_size)
         graphs = None
         if self.plan.cuda_graphs:
             from minengine.engine.fast_path import (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minengine.perf.hardware import Accelerator, get_accelerator
+from minengine.perf.model_input import load_model_spec
 from minengine.perf.model_presets import PRESETS
 from minengine.perf.model_spec import (
     DTYPE_BITS,
@@ -31,11 +32,11 @@ from minengine.perf.model_spec import (
     from_hf_config,
     from_hub,
     list_presets,
-    load_model_spec,
     model_dtype_of,
     normalise_dtype,
     weight_dtype_of,
 )
+from minengine.utils import cdiv
 
 GiB = 2**30
 
@@ -123,9 +124,9 @@ def tokens_held(num_tokens: int, window: int | None, block_size: int | None = No
     keeps up to ``cdiv(window - 1, block_size) + 1`` blocks (vLLM reserves the same).
     """
     bs = block_size or 1
-    blocks = -(-num_tokens // bs)
+    blocks = cdiv(num_tokens, bs)
     if window is not None and num_tokens > window:
-        blocks = min(blocks, -(-(window - 1) // bs) + 1)
+        blocks = min(blocks, cdiv(window - 1, bs) + 1)
     return blocks * bs
 
 

@@ -11,8 +11,6 @@ from minengine.models.errors import (
 from minengine.models.llama import LlamaForCausalLM
 from minengine.models.loader import (
     DEFAULT_MODEL,
-    PACKAGED_MODELS,
-    ModelPackageMissingError,
     list_shipped_models,
     load_model,
     load_tokenizer,
@@ -20,6 +18,7 @@ from minengine.models.loader import (
     resolve_dtype,
     resolve_model_path,
 )
+from minengine.models.packaged import PACKAGED_MODELS, ModelPackageMissingError
 
 __all__ = [
     "DEFAULT_MODEL",

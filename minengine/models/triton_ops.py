@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from minengine.models.attention.triton_kernels import triton, triton_available
+from minengine.utils import cdiv
 
 if triton is not None:
     import triton.language as tl
@@ -109,19 +110,18 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if n:
         assert x.stride(1) == 1
         block = min(1024, _block(width // 2))
-        silu_and_mul_kernel[(n, -(-(width // 2) // block))](x, out, x.stride(0), out.stride(0), width // 2,
+        silu_and_mul_kernel[(n, cdiv(width // 2, block))](x, out, x.stride(0), out.stride(0), width // 2,
                                                               BLOCK=block)
     return out
 
 
 def use_triton_ops(model: torch.nn.Module, on: bool = True) -> bool:
     """Switch the model's RMSNorm, RoPE and SwiGLU modules to these kernels (or back); returns ``on``.
-    Raises with the reason when Triton cannot run here."""
-    from minengine.models.llama import LlamaMLP, RMSNorm, RotaryEmbedding
-
+    Raises with the reason when Triton cannot run here. Every module with a ``use_triton`` flag takes
+    part (llama.py's RMSNorm, RotaryEmbedding and LlamaMLP), so this module need not import the model's."""
     if on and triton_available() is not None:
         raise RuntimeError(f"the Triton small ops cannot run here: {triton_available()}")
     for module in model.modules():
-        if isinstance(module, RMSNorm | LlamaMLP | RotaryEmbedding):
+        if hasattr(module, "use_triton"):
             module.use_triton = on
     return on

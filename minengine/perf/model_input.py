@@ -102,3 +102,9 @@ def resolve_model(model: Any, *, disable_sliding_window: bool = False) -> tuple[
         return from_hf_config(raw, name=text, hf_id=text, disable_sliding_window=dsw), raw
     raise KVCalcError(f"unknown model {text!r}: use a preset ({', '.join(PRESETS)}), a config.json path "
                       "or a Hugging Face hub id like org/name")
+
+
+def load_model_spec(model: Any, *, disable_sliding_window: bool = False) -> KVSpec:
+    """Accept a KVSpec, a config dict, a preset key, a preset's hub id, a config.json path or folder, a hub
+    id, or a ``ModelConfig``; anything else raises a ``KVCalcError`` saying what is accepted."""
+    return resolve_model(model, disable_sliding_window=disable_sliding_window)[0]

@@ -357,11 +357,3 @@ def from_hub(repo_id: str, *, revision: str | None = None, disable_sliding_windo
     """
     return from_hf_config(hub_config_path(repo_id, revision), name=repo_id, hf_id=repo_id,
                           disable_sliding_window=disable_sliding_window)
-
-
-def load_model_spec(model: Any, *, disable_sliding_window: bool = False) -> KVSpec:
-    """Accept a KVSpec, a config dict, a preset key, a preset's hub id, a config.json path or folder, a hub
-    id, or a ``ModelConfig``; anything else raises a ``KVCalcError`` saying what is accepted."""
-    from minengine.perf.model_input import resolve_model  # it builds on this module
-
-    return resolve_model(model, disable_sliding_window=disable_sliding_window)[0]

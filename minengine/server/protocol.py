@@ -249,18 +249,6 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatCompletionStreamChoice(OpenAIBaseModel):
-    index: int = 0
-    delta: DeltaMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
 class ModelCard(OpenAIBaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from minengine.config import ATTENTION_BACKENDS
 from minengine.models.attention.reference import AttentionMetadata, KVCache, paged_attention
-
-ATTENTION_BACKENDS = ("gather", "cpp", "triton")
+from minengine.utils import cdiv
 
 
 class AttentionBackend:
@@ -125,11 +125,11 @@ class TritonBackend(AttentionBackend):
                 raise ValueError(f"block table {table} holds {len(table) * block_size} < {s} tokens")
             loc.append(loc[-1] + q)
             slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
-        width = max(-(-s // block_size) for s in seq_lens)
+        width = max(cdiv(s, block_size) for s in seq_lens)
         tables = [t[:width] + [0] * (width - min(len(t), width)) for t in block_tables]
         # One host-to-device copy for both int vectors; seq_lens starts 16-byte aligned, since Triton
         # compiles a kernel variant per pointer alignment (an unaligned one compiled mid-run on an H200)
-        n, start = len(seq_lens), -(-(len(seq_lens) + 1) // 4) * 4
+        n, start = len(seq_lens), cdiv(len(seq_lens) + 1, 4) * 4
         ints = torch.tensor(loc + [0] * (start - n - 1) + list(seq_lens), dtype=torch.int32)
         ints = _to_device(ints, device)
         return TritonAttentionMetadata(
@@ -159,9 +159,8 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def get_attention_backend(name: str) -> AttentionBackend:
     """The backend called ``name`` (raises with the reason when it cannot run on this machine)."""
-    backends: dict[str, type[AttentionBackend]] = {
-        "gather": ReferenceBackend, "cpp": CppBackend, "triton": TritonBackend,
-    }
+    backends = {cls.name: cls for cls in (ReferenceBackend, CppBackend, TritonBackend)}
+    assert tuple(backends) == ATTENTION_BACKENDS, "config.ATTENTION_BACKENDS names every backend, in order"
     if name not in backends:
         raise ValueError(f"unknown attention backend {name!r}: use one of {', '.join(ATTENTION_BACKENDS)}")
     return backends[name]()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minengine.utils import cdiv
+
 
 @dataclass
 class PagedBatch:
@@ -42,12 +44,12 @@ def random_batch(query_lens: list[int], context_lens: list[int], num_heads: int,
     ``query_lens[i]`` new ones, its blocks drawn at random from a cache with ``spare_blocks`` extra."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
-    num_blocks = sum(-(-s // block_size) for s in seq_lens) + spare_blocks
+    num_blocks = sum(cdiv(s, block_size) for s in seq_lens) + spare_blocks
     order = list(range(num_blocks))
     random.Random(seed).shuffle(order)
     tables, taken = [], iter(order)
     for s in seq_lens:
-        tables.append([next(taken) for _ in range(-(-s // block_size))])
+        tables.append([next(taken) for _ in range(cdiv(s, block_size))])
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(dtype).to(device)

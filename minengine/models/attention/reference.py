@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from minengine.models.paged_decode import DecodeBatch, DecodeTensors
+from minengine.utils import cdiv, cumsum
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -87,11 +88,6 @@ class AttentionMetadata:
         """New tokens of each sequence in this step (computed once, at construction)."""
         return self._query_lens
 
-    @property
-    def context_lens(self) -> list[int]:
-        """Tokens of each sequence already in the cache before this step."""
-        return [s - q for s, q in zip(self.seq_lens, self.query_lens, strict=True)]
-
     def positions(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[N] int64 absolute position of every new token (what the model's RoPE needs)."""
         pos = [p for s, q in zip(self.seq_lens, self.query_lens, strict=True) for p in range(s - q, s)]
@@ -128,7 +124,7 @@ class AttentionMetadata:
     @classmethod
     def for_prefill(cls, seq_lens: list[int]) -> AttentionMetadata:
         """No-cache batch: every sequence is all new tokens and attends causally to itself only."""
-        return cls(query_start_loc=_cumsum(seq_lens), seq_lens=list(seq_lens))
+        return cls(query_start_loc=cumsum(seq_lens), seq_lens=list(seq_lens))
 
     @classmethod
     def build(
@@ -146,19 +142,12 @@ class AttentionMetadata:
                 raise ValueError(f"block table {table} holds {len(table) * block_size} < {s} tokens")
             slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
         return cls(
-            query_start_loc=_cumsum(query_lens),
+            query_start_loc=cumsum(query_lens),
             seq_lens=list(seq_lens),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             block_tables=block_tables if isinstance(block_tables, list) else list(block_tables),
             block_size=block_size,
         )
-
-
-def _cumsum(lens: list[int]) -> list[int]:
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return out
 
 
 def allocate_kv_cache(
@@ -253,7 +242,7 @@ def _decode_groups(
     for group in groups:
         lens = [meta.seq_lens[i] for i in group]
         max_len = max(lens)
-        max_blocks = -(-max_len // bs)
+        max_blocks = cdiv(max_len, bs)
         padded = [(meta.block_tables[i] + [0] * max_blocks)[:max_blocks] for i in group]
         tables = torch.tensor(padded, dtype=torch.long, device=device)  # [n, max_blocks]
         pos = torch.arange(max_len, device=device)
