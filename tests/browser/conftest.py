@@ -54,8 +54,9 @@ def skip_reason() -> str | None:
     if explicit and find_chromium() is None:
         return f"MINENGINE_CHROMIUM={explicit} is not a file"
     if find_chromium() is None:
-        return ("no Chromium found (looked for " + ", ".join(CHROMIUM_NAMES) + "; or set MINENGINE_CHROMIUM): "
-                "as root on Debian, `make test` installs Debian's chromium with apt-get; elsewhere install it")
+        return ("no Chromium found (looked for " + ", ".join(CHROMIUM_NAMES)
+                + "; or set MINENGINE_CHROMIUM): as root on Debian, `make test` installs Debian's chromium "
+                "with apt-get; elsewhere install it")
     return None
 
 

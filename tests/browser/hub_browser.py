@@ -35,7 +35,8 @@ def chromium_path() -> str | None:
     explicit = os.environ.get("MINENGINE_CHROMIUM")
     if explicit:
         return explicit if Path(explicit).is_file() else None
-    return next((p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))), None)
+    names = ("chromium", "chromium-browser", "google-chrome")
+    return next((p for n in names if (p := shutil.which(n))), None)
 
 
 @contextmanager
@@ -46,7 +47,8 @@ def browser() -> Iterator[Any]:
         pytest.skip("playwright is not installed (the dev extra)")
     path = chromium_path()
     if path is None:
-        pytest.skip("no Chromium found (as root on Debian `make test` installs it; or set MINENGINE_CHROMIUM)")
+        pytest.skip("no Chromium found (as root on Debian `make test` installs it; "
+                    "or set MINENGINE_CHROMIUM)")
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
         try:
@@ -107,7 +109,8 @@ def student_flow_in_browser(hub: Any, student: str, lab: str, write_answers: Cal
         panel = open_assignment_list(page)
         fetched = panel.locator("#fetched_assignments_list .list_item:not(.nested_list_item)", has_text=lab)
         fetched.get_by_role("button", name="Submit").click()
-        submitted = panel.locator("#submitted_assignments_list .list_item:not(.nested_list_item)", has_text=lab)
+        submitted = panel.locator("#submitted_assignments_list .list_item:not(.nested_list_item)",
+                                  has_text=lab)
         submitted.wait_for(timeout=120_000)
         screenshot(page, "hub-student-4-submitted")
         page.context.close()
@@ -133,7 +136,8 @@ def instructor_tools_in_browser(hub: Any, instructor: str, student: str, lab: st
                                timeout=60_000)
         seen[instructor] = page.evaluate(TOOLS_JS)
         # Create Assignment works on the notebook in front: the instructor's rendered source of the lab.
-        page.goto(f"{hub.url}/user/{instructor}/lab/tree/course/source/{lab}/{lab}.ipynb?reset", timeout=120_000)
+        page.goto(f"{hub.url}/user/{instructor}/lab/tree/course/source/{lab}/{lab}.ipynb?reset",
+                  timeout=120_000)
         page.locator(f"{NOTEBOOK} .jp-Cell").first.wait_for(timeout=120_000)
         page.evaluate("() => window.jupyterapp.shell.activateById('nbgrader-create_assignemnt')")  # its tab
         page.locator("#nbgrader-create_assignemnt").wait_for(timeout=30_000)

@@ -95,7 +95,8 @@ def run_notebook(browser: Any, server: LabServer, path: str, timeout_s: float) -
 
 def wait_changed(page: Any, selector: str, before: str, attribute: str | None = None,
                  timeout_ms: float = 30_000) -> None:
-    """Wait until ``selector``'s innerText (as ``inner_text()`` reads it), or ``attribute``, is not ``before``."""
+    """Wait until ``selector``'s innerText (as ``inner_text()`` reads it), or ``attribute``, is not
+    ``before``."""
     page.wait_for_function("""([sel, before, attr]) => {
         const el = document.querySelector(sel);
         if (!el) return false;
@@ -253,8 +254,8 @@ def set_cell_source(page: Any, index: int, text: str) -> str:
     page.keyboard.press("ControlOrMeta+a")
     page.keyboard.insert_text(text)  # no key events: no auto-indent or auto-closing brackets
     page.keyboard.press("Escape")  # back to command mode, as after typing
-    return page.evaluate("i => {" + _PANEL_JS + "return panel.content.model.cells.get(i).sharedModel.getSource();}",
-                         index)
+    return page.evaluate("i => {" + _PANEL_JS
+                         + "return panel.content.model.cells.get(i).sharedModel.getSource();}", index)
 
 
 def screenshot(page: Any, name: str) -> Path:
@@ -281,7 +282,8 @@ def check_claims(name: str, cells: list[dict]) -> None:
     from minengine.course.claims import FAILED_MARKER
 
     text = stream_text(cells)
-    assert "as expected:" in text or "this machine differs:" in text, f"{name}: the claim checks printed nothing"
+    assert "as expected:" in text or "this machine differs:" in text, \
+        f"{name}: the claim checks printed nothing"
     lines = text.splitlines()  # a failed claim's line, then the line that says why it may differ
     failed = ["\n".join(lines[i:i + 2]) for i, line in enumerate(lines) if line.startswith(FAILED_MARKER)]
     assert not failed, f"{name}: a must-hold claim failed in the browser run:\n" + "\n".join(failed)
