@@ -209,6 +209,31 @@ def test_async_llm_shutdown_leaves_an_engine_it_was_handed_open(hf_model_dir) ->
     assert engine.closed and kv() is None
 
 
+@pytest.mark.parametrize("started", [True, False], ids=["served-then-stopped", "never-started"])
+def test_a_dropped_app_lets_its_engine_go(started: bool) -> None:
+    """An app from ``create_app(model=...)`` owns its engine: once the app is gone, so is the engine, whether
+    its lifespan ran (served, then stopped) or not (built in a notebook and dropped). FastAPI caches every
+    endpoint function it analyses for the life of the process, so a route that closed over the engine
+    kept every app's engine, and on a GPU its memory, until the process exited."""
+    from fastapi.testclient import TestClient
+
+    from minengine.server.app import create_app
+
+    app = create_app(model="tinystories-4m", **SMALL)  # the shipped model: the text API needs a tokenizer
+    engine = weakref.ref(app.state.llm.engine)
+    if started:
+        with TestClient(app) as client:
+            body = {"model": app.state.model_name, "prompt": "Once upon a time", "max_tokens": 3}
+            response = client.post("/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            assert client.get("/v1/models").json()["data"][0]["id"] == app.state.model_name
+        assert app.state.llm.engine.closed  # the lifespan shut down the engine the app built
+        del client
+    del app
+    gc.collect()
+    assert engine() is None, [type(r).__name__ for r in gc.get_referrers(engine())]
+
+
 # ---- minengine serve ----
 def _serve(argv: list[str], port: int) -> subprocess.Popen:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

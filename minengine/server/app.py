@@ -4,8 +4,9 @@ Endpoints (what vLLM's ``vllm serve`` offers, minus the parts minengine has no e
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE) or not; see
   ``serving_completion`` and ``serving_chat``;
-- ``GET /v1/models``, ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); ``GET /health`` (200, or 503 once the engine loop has failed); ``GET /metrics``
-  (Prometheus, see ``metrics``); ``GET /version``.
+- ``GET /v1/models``, ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); ``GET /health`` (200,
+  or 503 once the engine loop has failed); ``GET /metrics`` (Prometheus, see ``metrics``);
+  ``GET /version``.
 
 Errors are OpenAI error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400 for every
 validation problem (FastAPI's 422 is turned into 400, as vLLM does) and for a too-long request, 404 for
@@ -26,7 +27,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -79,6 +80,89 @@ def _json_or_stream(model: type) -> dict[str, Any]:
     }
 
 
+# The routes are module-level functions that reach the serving objects through ``request.app.state``, as
+# vLLM's api_server does. Closures inside ``create_app`` would hold the engine, and FastAPI caches each
+# endpoint function it has analysed for the life of the process: every app ever built would keep its
+# engine (and on a GPU its memory) until the process exits.
+router = APIRouter()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Shut the engine down on exit when this app built it (``create_app(model=...)``)."""
+    yield
+    if app.state.owns_llm:
+        await app.state.llm.shutdown()
+
+
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    responses={200: _json_or_stream(CompletionResponse), **_ERRORS},
+)
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    return await raw_request.app.state.completions.create_completion(request, raw_request)
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={200: _json_or_stream(ChatCompletionResponse), **_ERRORS},
+)
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    return await raw_request.app.state.chat.create_chat_completion(request, raw_request)
+
+
+def _model_card(state: Any) -> ModelCard:
+    root = getattr(state.llm.engine.model, "model_path", None)
+    return ModelCard(id=state.model_name, root=None if root is None else str(root),
+                     max_model_len=state.completions.max_model_len)
+
+
+@router.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
+async def show_models(raw_request: Request) -> ModelList:
+    return ModelList(data=[_model_card(raw_request.app.state)])
+
+
+@router.get(
+    "/v1/models/{model_id:path}",
+    response_model=ModelCard,
+    responses={401: _ERRORS[401], 404: _ERRORS[404]},
+)
+async def show_model(model_id: str, raw_request: Request) -> ModelCard:
+    name = raw_request.app.state.model_name
+    if model_id != name:
+        raise OpenAIError(f"The model `{model_id}` does not exist; this server serves `{name}`.", 404, "model")
+    return _model_card(raw_request.app.state)
+
+
+@router.get(
+    "/health",
+    response_class=Response,
+    responses={
+        200: {"description": "The engine is running (empty body)"},
+        503: {"model": ErrorResponse, "description": "The engine has failed"},
+    },
+)
+async def health(raw_request: Request) -> Response:
+    raw_request.app.state.completions.check_health()
+    return Response(status_code=200)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+)
+async def prometheus_metrics(raw_request: Request) -> Response:
+    return Response(raw_request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
 def create_app(
     llm: AsyncLLM | None = None,
     model: str | None = None,
@@ -101,84 +185,16 @@ def create_app(
         raise TypeError(f"engine options {sorted(engine_options)} given together with a ready AsyncLLM")
     name = served_model_name or model or _model_name(llm)
     metrics = ServerMetrics(llm.engine, name, prefix=metrics_prefix)
-    completions = OpenAIServingCompletion(llm, name, metrics)
-    chat = OpenAIServingChat(llm, name, metrics)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if owns_llm:
-            await llm.shutdown()
 
     app = FastAPI(title="minengine OpenAI-compatible server", version=__version__, lifespan=lifespan)
-    app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, name
-    app.state.completions, app.state.chat = completions, chat  # the serving objects (tests, labs)
+    app.state.llm, app.state.owns_llm, app.state.metrics, app.state.model_name = llm, owns_llm, metrics, name
+    # the serving objects (the routes use them; tests and labs reach them here too)
+    app.state.completions = OpenAIServingCompletion(llm, name, metrics)
+    app.state.chat = OpenAIServingChat(llm, name, metrics)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     _add_error_handlers(app)
-
-    @app.post(
-        "/v1/completions",
-        response_model=None,
-        responses={200: _json_or_stream(CompletionResponse), **_ERRORS},
-    )
-    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
-        return await completions.create_completion(request, raw_request)
-
-    @app.post(
-        "/v1/chat/completions",
-        response_model=None,
-        responses={200: _json_or_stream(ChatCompletionResponse), **_ERRORS},
-    )
-    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await chat.create_chat_completion(request, raw_request)
-
-    def model_card() -> ModelCard:
-        root = getattr(llm.engine.model, "model_path", None)
-        return ModelCard(
-            id=name, root=None if root is None else str(root), max_model_len=completions.max_model_len
-        )
-
-    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
-    async def show_models() -> ModelList:
-        return ModelList(data=[model_card()])
-
-    @app.get(
-        "/v1/models/{model_id:path}",
-        response_model=ModelCard,
-        responses={401: _ERRORS[401], 404: _ERRORS[404]},
-    )
-    async def show_model(model_id: str) -> ModelCard:
-        if model_id != name:
-            raise OpenAIError(
-                f"The model `{model_id}` does not exist; this server serves `{name}`.", 404, "model"
-            )
-        return model_card()
-
-    @app.get(
-        "/health",
-        response_class=Response,
-        responses={
-            200: {"description": "The engine is running (empty body)"},
-            503: {"model": ErrorResponse, "description": "The engine has failed"},
-        },
-    )
-    async def health() -> Response:
-        completions.check_health()
-        return Response(status_code=200)
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-    )
-    async def prometheus_metrics() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/version")
-    async def version() -> dict[str, str]:
-        return {"version": __version__}
-
+    app.include_router(router)
     return app
 
 
