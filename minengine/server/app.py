@@ -4,8 +4,8 @@ Endpoints (what vLLM's ``vllm serve`` offers, minus the parts minengine has no e
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE) or not; see
   ``serving_completion`` and ``serving_chat``;
-- ``GET /v1/models``, ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); ``GET /health`` (200, or 503 once the engine loop has failed); ``GET /metrics``
-  (Prometheus, see ``metrics``); ``GET /version``.
+- ``GET /v1/models``, ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); ``GET /health`` (200, or
+  503 once the engine loop has failed); ``GET /metrics`` (Prometheus, see ``metrics``); ``GET /version``.
 
 Errors are OpenAI error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400 for every
 validation problem (FastAPI's 422 is turned into 400, as vLLM does) and for a too-long request, 404 for
@@ -248,7 +248,8 @@ _BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-
 
 def _field_path(loc: list[str]) -> list[str]:
     """A field's path without pydantic's union-branch labels: ``messages.0.user.content.str`` (the
-    message was read as the ``user`` kind, its content as a ``str``) is the client's ``messages.0.content``."""
+    message was read as the ``user`` kind, its content as a ``str``) is the client's
+    ``messages.0.content``."""
     out: list[str] = []
     for item in loc:
         if _BRANCH.match(item) or (out and out[-1].isdigit() and item in ROLES):
