@@ -8,8 +8,9 @@ Why replay rather than time two engines: a change of a few percent in one kernel
 run is far below this VM's run-to-run swing. The workload runs once through ``minengine-decode-first``,
 every ``--every``-th kernel call is kept (its query, block table and lengths, on the engine's own KV
 caches, so the blocks lie where the engine put them), and then both kernels run that list in interleaved
-rounds (``common.interleave``, order rotated every round); the ratio is taken per round. The other source is compiled as
-``minengine_ab::paged_decode_attention`` by ``kernel_ab.build_other``; both must give the same outputs.
+rounds (``common.interleave``, order rotated every round); the ratio is taken per round. The other source is
+compiled as ``minengine_ab::paged_decode_attention`` by ``kernel_ab.build_other``; both must give the same
+outputs.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ SOURCE = "minengine/models/csrc/paged_attention.cpp"
 def capture_calls(args: argparse.Namespace) -> list[tuple[Any, ...]]:
     """Every ``args.every``-th decode-attention call of one workload run: the kernel's arguments."""
     shape = common.SHAPES[args.shape]
-    run = throughput.run_minengine(str(common.model_dir(args.shape)), *throughput.MINENGINE["minengine-decode-first"],
-                                   args)
+    run = throughput.run_minengine(str(common.model_dir(args.shape)),
+                                   *throughput.MINENGINE["minengine-decode-first"], args)
     real, calls = cpu_kernels.paged_decode_attention, []
 
-    def keep(q: Any, k_cache: Any, v_cache: Any, tables: Any, lens: Any, scale: float, window: int | None = None) -> Any:
+    def keep(q: Any, k_cache: Any, v_cache: Any, tables: Any, lens: Any, scale: float,
+             window: int | None = None) -> Any:
         calls.append((q.clone(), k_cache, v_cache, tables.clone(), lens.clone(), scale, window or 0))
         return real(q, k_cache, v_cache, tables, lens, scale, window)
 
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not cpu_kernels.load():
         raise SystemExit(f"the CPU kernels are not built: {cpu_kernels.build_error()}")
     label, text = kernel_ab.other_source(args.rev, args.source, SOURCE)
-    other, current = kernel_ab.build_other(text, "paged_decode_attention"), torch.ops.minengine.paged_decode_attention
+    other, current = (kernel_ab.build_other(text, "paged_decode_attention"),
+                      torch.ops.minengine.paged_decode_attention)
     calls = capture_calls(args)
     for call in calls[:50]:
         torch.testing.assert_close(other(*call), current(*call), rtol=1e-5, atol=1e-5)
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             op(*call)
         return time.perf_counter() - start
 
-    timed = common.interleave({"current": lambda: seconds(current), "other": lambda: seconds(other)}, args.rounds)
+    timed = common.interleave({"current": lambda: seconds(current), "other": lambda: seconds(other)},
+                              args.rounds)
     mine, theirs = timed["current"].seconds, timed["other"].seconds
     ratios = [t / m for t, m in zip(theirs, mine, strict=True)]
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.rounds} interleaved rounds; outputs checked equal\n")
     print(common.md_table(["decode-attention kernel", "median s per round", "other / current (paired)"], [
         ["current build (paged_attention.cpp as built by make)", f"{result['current_s']:.3f}", "-"],
-        [label, f"{result['other_s']:.3f}", f"**{result['ratio']:.3f}** (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})"],
+        [label, f"{result['other_s']:.3f}",
+         f"**{result['ratio']:.3f}** (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})"],
     ]))
     common.save_json(args.json, result)
     return result

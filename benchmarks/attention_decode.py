@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tables, used = [], 0
     for n in lens:
         count = cdiv(n, bs)
-        tables.append(ids[used:used + count] if args.block_layout != "cached" else [1 + j % 4 for j in range(count)])
+        tables.append(ids[used:used + count] if args.block_layout != "cached"
+                      else [1 + j % 4 for j in range(count)])
         used += count
     caches = [(torch.randn(num_blocks, bs, n_kv, d), torch.randn(num_blocks, bs, n_kv, d))
               for _ in range(layers)]
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     first = next(iter(timed.values())).median
     rows = [[name, f"{1e3 * t.median:.2f}", f"{first / t.median:.2f}x", f"{t.median / ideal:.2f}x"]
             for name, t in timed.items()]
-    print(common.md_table(["decode attention, one step", "ms", "speed-up vs the first row", "vs ideal"], rows))
+    print(common.md_table(["decode attention, one step", "ms", "speed-up vs the first row", "vs ideal"],
+                          rows))
     result = {"ideal": ideal, "bandwidth": bw, "ms": {name: 1e3 * t.median for name, t in timed.items()}}
     common.save_json(args.json, result)
     return result

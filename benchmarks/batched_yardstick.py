@@ -71,9 +71,11 @@ def run_llamacpp(threads: int, batch: int, prompt: int, gen: int) -> dict[str, f
            "-c", str(batch * (prompt + gen) + 256), "-b", "2048", "-ub", str(UBATCH),
            "-npp", str(prompt), "-ntg", str(gen), "-npl", str(batch), "--output-format", "jsonl"]
     run = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (run.stdout + run.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    rows = [json.loads(line) for line in (run.stdout + run.stderr).splitlines()
+            if line.startswith('{"n_kv_max"')]
     if len(rows) != 1:
-        raise RuntimeError(f"llama-batched-bench printed {len(rows)} result rows:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+        raise RuntimeError(f"llama-batched-bench printed {len(rows)} result rows:\n"
+                           f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
     row = rows[0]
     return {"prefill_s": row["t_pp"], "decode_s": row["t_tg"], "wall_s": row["t"]}
 
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if name == "minengine decode-first":  # prompt chunks and decodes share steps: no clean phases
             phases = [f"{med['prefill_s']:.2f} (with decodes)", f"{med['decode_s']:.2f} (the rest)"]
         rows.append([name, f"{med['wall_s']:.2f}", f"**{med['wall_s / floor']:.2f}x**", *phases,
-                     f"{args.batch * args.gen / med['decode_s']:.0f}" if name != "minengine decode-first" else "-"])
+                     f"{args.batch * args.gen / med['decode_s']:.0f}" if name != "minengine decode-first"
+                     else "-"])
     print(f"\nSmolLM2-135M fp32, {args.batch} sequences x ({args.prompt} prompt + {args.gen} decode steps), "
           f"{args.threads} threads, medians of {args.rounds} round(s); FLOPs {flops[0] / 1e12:.2f} + "
           f"{flops[1] / 1e12:.2f} T (prompts + decode); floors at the run's best matmul peak "

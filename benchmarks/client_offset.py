@@ -152,12 +152,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     medians = {k: float(np.median([r[k] for r in rows])) * 1e3 for k in rows[0]}
     offset = medians["client TTFT"] - medians["arrival -> first token (server TTFT)"]
     print(common.machine_line())
-    print(f"{len(rows)} sequential streams, {'new connection each' if args.new_connection else 'keep-alive'}; "
-          "medians in ms")
+    print(f"{len(rows)} sequential streams, "
+          f"{'new connection each' if args.new_connection else 'keep-alive'}; medians in ms")
     for k, v in medians.items():
         print(f"  {k:40s} {v:7.2f}")
     print(f"  {'client TTFT - server TTFT':40s} {offset:7.2f}")
-    result = {"medians_ms": medians, "offset_ms": offset, "n": len(rows), "new_connection": args.new_connection}
+    result = {"medians_ms": medians, "offset_ms": offset, "n": len(rows),
+              "new_connection": args.new_connection}
     print(json.dumps(result))
     result["rows_ms"] = [{k: v * 1e3 for k, v in r.items()} for r in rows]  # per request, for the tests
     return result

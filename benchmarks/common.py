@@ -80,8 +80,8 @@ def machine_line(linear_shape: tuple[int, int] = (32000, 768)) -> str:
     load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
     return (f"machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads, "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; "
-            f"linear kernels: {blas_line().replace('; ', ', ')}; {_decode_attention(linear_shape)}; load average {load}; "
-            f"{m['date']}")
+            f"linear kernels: {blas_line().replace('; ', ', ')}; {_decode_attention(linear_shape)}; load "
+            f"average {load}; {m['date']}")
 
 
 def _decode_attention(shape: tuple[int, int]) -> str:
@@ -94,7 +94,8 @@ def _decode_attention(shape: tuple[int, int]) -> str:
     if linear_kernels.onednn_available():
         choice = linear_kernels.choose_for_shape(shape)
         choice = replace(choice, prepacked=choice.many_rows == "onednn")  # an engine's default
-        line += "; " + choice.describe().replace("linear layers:", f"linear layers ({shape[0]} x {shape[1]}):")
+        line += "; " + choice.describe().replace("linear layers:",
+                                                 f"linear layers ({shape[0]} x {shape[1]}):")
     return line
 
 

@@ -78,7 +78,8 @@ def run_dtype(shape: str, dtype: str, args: argparse.Namespace, bar: Any) -> dic
     compiled, compile_s = None, None
     if args.compile and dtype == "float32":  # the same engine, its decode steps compiled (fp32 only)
         compiled = minengine.LLM(str(path), dtype=dtype, enable_prefix_caching=False, max_num_seqs=4,
-                                 num_blocks=(args.prompt_len + args.new_tokens) // 16 + 8, compile_decode=True)
+                                 num_blocks=(args.prompt_len + args.new_tokens) // 16 + 8,
+                                 compile_decode=True)
         compile_s = compiled.llm_engine.model_runner.compiled_decode.compile_seconds
 
     def mine_compiled() -> list[float]:
@@ -179,7 +180,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
 
     def textbook_rms(self: Any, x: torch.Tensor) -> torch.Tensor:
         dtype, x = x.dtype, x.float()
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(dtype)
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                                              + self.variance_epsilon)).to(dtype)
 
     def torch_rms(self: Any, x: torch.Tensor) -> torch.Tensor:  # ~7 ATen ops on a CPU (llama.RMSNorm's doc)
         if x.dtype != torch.float32:
@@ -190,7 +192,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         """What ``module`` (a fused Linear) would run for x, on the rows ``w`` of its matrix."""
         return module.run(x, w, b) if hasattr(module, "run") else F.linear(x, w, b)  # KernelLinear.run
 
-    def unfused_attention(self: Any, x: torch.Tensor, rope: Any, rotary_emb: Any, meta: Any, cache: Any) -> Any:
+    def unfused_attention(self: Any, x: torch.Tensor, rope: Any, rotary_emb: Any, meta: Any,
+                          cache: Any) -> Any:
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
         cuts = (0, self.q_size, self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
         q, k, v = (linear(self.qkv_proj, x, w[i:j], None if b is None else b[i:j])
@@ -198,8 +201,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         n = x.shape[0]
         qk = torch.cat((q, k), -1).view(n, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = rotary_emb(rope, qk, self.num_heads)
-        out = llama.attention_forward(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, meta, self.scaling,
-                                    self.sliding_window)
+        out = llama.attention_forward(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, meta,
+                                      self.scaling, self.sliding_window)
         return self.o_proj(out.reshape(n, -1))
 
     def unfused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +246,8 @@ def breakdown(mine: Any, rounds: int, overhead: bool = False) -> dict[str, float
         "RoPE looked up per layer, q and k apart (before)": {"LlamaModel.forward": per_layer_rope_model,
                                                             "RotaryEmbedding.forward": per_layer_rope},
         "attention skipped": {"attention_forward": lambda q, *a, **k: q},
-        "RoPE skipped": {"RotaryEmbedding.forward": lambda self, tables, qk, n: qk.split((n, qk.shape[1] - n), 1)},
+        "RoPE skipped": {"RotaryEmbedding.forward":
+                         lambda self, tables, qk, n: qk.split((n, qk.shape[1] - n), 1)},
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     real_linear, outputs = F.linear, {}
@@ -326,16 +330,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in results:
         if r["compiled"]:
             print(f"compiled decode ({r['dtype']}): compiled at start-up in {r['compile_seconds']:.1f} s, "
-                  f"same greedy tokens as the eager engine, {r['minengine'] / r['compiled']:.2f}x faster per token")
+                  f"same greedy tokens as the eager engine, {r['minengine'] / r['compiled']:.2f}x faster per "
+                  "token")
     for r in results:
         if r["breakdown"]:
             base = r["breakdown"]["as shipped"]
             if args.overhead:
-                print("\n(--overhead: every weight GEMV's arithmetic taken out: these are the steps' small ops alone)")
-            print(f"\nWhat each change saved, and where minengine's {r['dtype']} step goes beyond the matmuls "
-                  f"({1e3 * r['matmuls']:.2f} ms alone): a '(before)' variant's difference is what that change "
-                  "saved; a 'skipped' part's (negative) is at most what a faster version could save (its tokens "
-                  "are wrong):\n")
+                print("\n(--overhead: every weight GEMV's arithmetic taken out: these are the steps' small "
+                      "ops alone)")
+            print(f"\nWhat each change saved, and where minengine's {r['dtype']} step goes beyond the "
+                  f"matmuls ({1e3 * r['matmuls']:.2f} ms alone): a '(before)' variant's difference is what "
+                  "that change saved; a 'skipped' part's (negative) is at most what a faster version could "
+                  "save (its tokens are wrong):\n")
             print(common.md_table(["variant", "minengine ms", "variant - shipped ms"], [
                 [name, f"{1e3 * t:.2f}", f"{1e3 * (t - base):+.2f}"] for name, t in r["breakdown"].items()]))
     common.save_json(args.json, {"results": results})

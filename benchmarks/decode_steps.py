@@ -53,13 +53,15 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[float, float]]:
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler table of 5 decode steps at the largest batch")
     ap.add_argument("--compile-decode", action="store_true",
-                    help="CPU, fp32: decode steps as one compiled graph (attention reads the KV cache in place)")
+                    help="CPU, fp32: decode steps as one compiled graph (attention reads the KV cache in "
+                         "place)")
     ap.add_argument("--smoke", action="store_true", help="batches 1 and 4, 3 steps")
     args = ap.parse_args(argv)
     if args.smoke:
         args.batches, args.steps = "1,4", 3
     common.set_threads(args.threads)
-    if args.profile and args.compile_decode:  # name each generated kernel in the profile, not just "the graph"
+    if args.profile and args.compile_decode:
+        # name each generated kernel in the profile, not just "the graph"
         import torch._inductor.config
 
         torch._inductor.config.cpp.enable_kernel_profile = True

@@ -47,15 +47,18 @@ def other_source(rev: str | None, source: str | None, path: str = GEMV_SOURCE) -
 
 
 def build_other(text: str, op: str = "gemv") -> Any:
-    """Compile ``text`` as ``torch.ops.minengine_ab.<op>`` (its own namespace: both ops live in one process)."""
+    """Compile ``text`` as ``torch.ops.minengine_ab.<op>`` (its own namespace: both ops live in one
+    process)."""
     from torch.utils.cpp_extension import load
 
     renamed = text
     for macro in ("TORCH_LIBRARY(minengine,", "TORCH_LIBRARY_FRAGMENT(minengine,"):  # the def: a fragment,
-        renamed = renamed.replace(macro, "TORCH_LIBRARY_FRAGMENT(minengine_ab,")    # so several ops can share it
+        # so several ops can share it
+        renamed = renamed.replace(macro, "TORCH_LIBRARY_FRAGMENT(minengine_ab,")
     renamed = renamed.replace("TORCH_LIBRARY_IMPL(minengine,", "TORCH_LIBRARY_IMPL(minengine_ab,")
     if renamed.count("minengine_ab,") != 2:
-        raise SystemExit("the other source does not register its op the way the kernels do (TORCH_LIBRARY*(minengine, ...))")
+        raise SystemExit("the other source does not register its op the way the kernels do "
+                         "(TORCH_LIBRARY*(minengine, ...))")
     cflags, ldflags = cpu_kernels._flags()
     tag = hashlib.sha1((renamed + " ".join(cflags + ldflags) + sys.prefix).encode()).hexdigest()[:12]
     folder = BUILD_ROOT / tag
@@ -113,11 +116,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out.append(step_ms(op))
     ratios = [t / m for t, m in zip(theirs, mine, strict=True)]
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    result = dict(other=label, shape=args.shape, current_ms=statistics.median(mine), other_ms=statistics.median(theirs),
-                  ratio=statistics.median(ratios), ratio_quartiles=[quartiles[0], quartiles[2]], rounds=args.rounds)
+    result = dict(other=label, shape=args.shape, current_ms=statistics.median(mine),
+                  other_ms=statistics.median(theirs), ratio=statistics.median(ratios),
+                  ratio_quartiles=[quartiles[0], quartiles[2]], rounds=args.rounds)
     print(f"command: {common.command_line()}\n{common.machine_line()}")
-    print(f"eager batch-1 decode step, {args.shape} fp32, {args.new_tokens} new tokens, {args.rounds} pairs of "
-          "rounds; same greedy tokens from both kernels\n")
+    print(f"eager batch-1 decode step, {args.shape} fp32, {args.new_tokens} new tokens, {args.rounds} pairs "
+          "of rounds; same greedy tokens from both kernels\n")
     print(common.md_table(["GEMV kernel", "median step ms", "other / current (paired)"], [
         ["current build (gemv.cpp as built by make)", f"{result['current_ms']:.2f}", "-"],
         [label, f"{result['other_ms']:.2f}",

@@ -77,7 +77,8 @@ def _timed(fn: Callable[[], None]) -> Callable[[], float]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-100m", choices=sorted(common.SHAPES))
-    ap.add_argument("--rows", default="1,8,16,32,64,128,512", help="comma-separated row counts (batch tokens)")
+    ap.add_argument("--rows", default="1,8,16,32,64,128,512",
+                    help="comma-separated row counts (batch tokens)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (0 = torch's default)")
     ap.add_argument("--json", default=None)
@@ -127,8 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = times["oneDNN"]
         for name, t in times.items():
             gflops = flops_per_row * int(rows) / t / 1e9
-            rows_out.append([rows, name, f"{t * 1e3:.1f}", f"{gflops:.0f}", f"{100 * gflops * 1e9 / peak:.0f} %",
-                             f"{base / t:.2f}x"])
+            rows_out.append([rows, name, f"{t * 1e3:.1f}", f"{gflops:.0f}",
+                             f"{100 * gflops * 1e9 / peak:.0f} %", f"{base / t:.2f}x"])
     print(common.md_table(["rows", "kernel", "ms per step", "GFLOP/s", "of peak", "vs oneDNN"], rows_out))
     out = {"results": results, "peak_flops": peak, "read_bytes_per_s": bandwidth, "args": vars(args),
            "weight_bytes": weight_mb * 1e6}

@@ -1,8 +1,8 @@
 """llama.cpp as the CPU yardstick: the same SmolLM2-135M weights in llama.cpp and in minengine.
 
-    .venv/bin/python benchmarks/llamacpp.py --build      # once: fetch llama-cpp-python's sdist, cmake (~10 min)
-    .venv/bin/python benchmarks/llamacpp.py              # decode, prefill, batched serving, agreement
-    .venv/bin/python benchmarks/llamacpp.py --smoke      # minengine's side only, a few tokens (CI)
+    .venv/bin/python benchmarks/llamacpp.py --build  # once: fetch llama-cpp-python's sdist, cmake (~10 min)
+    .venv/bin/python benchmarks/llamacpp.py          # decode, prefill, batched serving, agreement
+    .venv/bin/python benchmarks/llamacpp.py --smoke  # minengine's side only, a few tokens (CI)
 
 Why llama.cpp: it is what laptop users run, and its CPU kernels are close to the memory-bandwidth floor,
 so "how far from llama.cpp" is the honest measure of a CPU engine. Everything llama.cpp here is built
@@ -53,7 +53,8 @@ OUT = common.ROOT / "benchmarks" / "out" / "llamacpp"
 BUILD = OUT / "build"
 PYVENV = OUT / "pyvenv"  # llama-cpp-python[server], built from the same sdist, never in the project's venv
 SDIST_SPEC = "llama-cpp-python==0.3.36"  # the llama.cpp it vendors is the yardstick; bump deliberately
-TOOLS = ("llama-bench", "llama-server", "llama-quantize", "llama-batched-bench")  # the last: batched_yardstick.py
+# the last: batched_yardstick.py
+TOOLS = ("llama-bench", "llama-server", "llama-quantize", "llama-batched-bench")
 # Not GGML_NATIVE: on a Xeon with AMX, -march=native compiles ggml's AMX matmuls, and here (a VM) their
 # first tile load dies with SIGILL in a worker thread (the kernel grants AMX state per process only on
 # request). So: the instruction sets this CPU lists in /proc/cpuinfo, AMX off. (Switching all of them on
@@ -72,14 +73,16 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str]:
         return ["-DGGML_NATIVE=ON"]
     try:
         text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-        have = set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+        have = set(next(line for line in text.splitlines()
+                        if line.startswith("flags")).split(":", 1)[1].split())
     except (OSError, StopIteration):
         have = {"avx", "avx2", "fma", "f16c"}  # not Linux: the x86-64 baseline of the last decade
     return ["-DGGML_NATIVE=OFF", *(f"-DGGML_{switch}={'ON' if flag in have else 'OFF'}"
                                    for switch, flag in GGML_ISA.items()),
             "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 MODEL = "smollm2-135m"
-SMOLLM2_LARGEST = (49152, 576)  # its tied embedding / LM head: the matrix the machine line's kernel choice is for
+# its tied embedding / LM head: the matrix the machine line's kernel choice is for
+SMOLLM2_LARGEST = (49152, 576)
 CHAT_PROMPTS = ["What is the capital of France?", "Give me three tips for sleeping well.",
                 "Explain what a CPU cache is in one paragraph."]
 
@@ -189,8 +192,9 @@ def minengine_single(dtype: str, threads: int, n_gen: int, compile_decode: bool 
         llm.generate([{"prompt_token_ids": prompt}], minengine.SamplingParams(max_tokens=1), use_tqdm=False)
         prefills.append(llm.request_records[-1].ttft)
     weights = common.weight_bytes(llm.llm_engine.model)
-    out = {"decode_ms": statistics.median(gaps) * 1e3, "prefill_tok_s": len(prompt) / statistics.median(prefills),
-           "weight_bytes": weights, "tokens": list(tokens)}
+    out = {"decode_ms": statistics.median(gaps) * 1e3,
+           "prefill_tok_s": len(prompt) / statistics.median(prefills), "weight_bytes": weights,
+           "tokens": list(tokens)}
     if compile_decode:
         out["compile_seconds"] = llm.llm_engine.model_runner.compiled_decode.compile_seconds
     return out
@@ -230,7 +234,8 @@ def serve_and_bench(cmd: list[str], port: int, model: str, requests: Any) -> dic
         s = benchmark(url, model=model, requests=requests, ignore_eos=True, disable_tqdm=True)
         answers = [_chat(url, model, p) for p in CHAT_PROMPTS]
         return {"output_tok_s": s.output_throughput, "completed": s.completed, "errors": s.errors[:1],
-                "notes": s.notes, "tpot_ms": s.tpot.median * 1e3 if s.tpot.count else None, "answers": answers}
+                "notes": s.notes, "tpot_ms": s.tpot.median * 1e3 if s.tpot.count else None,
+                "answers": answers}
     finally:
         os.killpg(proc.pid, 15)
         try:
@@ -243,8 +248,10 @@ def serve_and_bench(cmd: list[str], port: int, model: str, requests: Any) -> dic
 def _chat(url: str, model: str, prompt: str) -> str:
     import httpx
 
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]["content"]
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32,
+            "temperature": 0}
+    return httpx.post(url + "/v1/chat/completions", json=body,
+                      timeout=120).json()["choices"][0]["message"]["content"]
 
 
 def batched(files: dict[str, Path], threads: int, n: int, slots: list[int],
@@ -257,8 +264,8 @@ def batched(files: dict[str, Path], threads: int, n: int, slots: list[int],
     for kind in ("f32", "f16"):
         for k in slots:
             port = _free_port()
-            cmd = [str(tool("llama-server")), "-m", str(files[kind]), "-t", str(threads), "--parallel", str(k),
-                   "-c", str(k * 512), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+            cmd = [str(tool("llama-server")), "-m", str(files[kind]), "-t", str(threads), "--parallel",
+                   str(k), "-c", str(k * 512), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
             out[f"llama-server {kind} x{k} slots"] = serve_and_bench(cmd, port, "smollm2", requests)
         if python_server:
             port = _free_port()
@@ -268,8 +275,8 @@ def batched(files: dict[str, Path], threads: int, n: int, slots: list[int],
             out[f"llama-cpp-python {kind}"] = serve_and_bench(cmd, port, "smollm2", requests)
     for dtype in ("float32", "bfloat16"):
         port = _free_port()
-        cmd = [sys.executable, "-m", "minengine", "serve", "--model", MODEL, "--dtype", dtype, "--port", str(port),
-               "--host", "127.0.0.1", "--threads", str(threads)]
+        cmd = [sys.executable, "-m", "minengine", "serve", "--model", MODEL, "--dtype", dtype, "--port",
+               str(port), "--host", "127.0.0.1", "--threads", str(threads)]
         out[f"minengine {dtype}"] = serve_and_bench(cmd, port, MODEL, requests)
     return out
 
@@ -288,7 +295,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--python-server", action="store_true",
                     help="also serve the batched workload with llama-cpp-python's server (one at a time)")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
-                    help="skip minengine fp32 with compile_decode=True (it compiles for about a minute first)")
+                    help="skip minengine fp32 with compile_decode=True (it compiles for about a minute "
+                         "first)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="minengine fp32 only, 8 tokens (no llama.cpp)")
     args = ap.parse_args(argv)
@@ -303,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--python-server needs llama-cpp-python in {PYVENV}: run with --build-python first")
     bandwidth = measure_read_bandwidth("cpu")
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
-    results: dict[str, Any] = {"bandwidth_gb_s": bandwidth / 1e9, "machine": common.machine_line(SMOLLM2_LARGEST)}
+    results: dict[str, Any] = {"bandwidth_gb_s": bandwidth / 1e9,
+                               "machine": common.machine_line(SMOLLM2_LARGEST)}
     dtypes = ["float32"] if args.smoke else ["float32", "bfloat16"]
     for dtype in dtypes:
         r = minengine_single(dtype, args.threads, 8 if args.smoke else args.gen)
@@ -313,10 +322,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = minengine_single("float32", args.threads, args.gen, compile_decode=True)
         r["floor_ms"] = r["weight_bytes"] / bandwidth * 1e3
         results["minengine float32 compiled"] = r
-        print("compiled decode: same greedy tokens as eager fp32:", r["tokens"] == results["minengine float32"]["tokens"])
+        print("compiled decode: same greedy tokens as eager fp32:",
+              r["tokens"] == results["minengine float32"]["tokens"])
     if not args.smoke:
         if not have_tools():
-            print(f"llama.cpp tools missing under {BUILD}: run with --build (it takes minutes)", file=sys.stderr)
+            print(f"llama.cpp tools missing under {BUILD}: run with --build (it takes minutes)",
+                  file=sys.stderr)
         else:
             results["llama.cpp"] = llamacpp_version()
             for kind, path in gguf_files().items():
@@ -338,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if ref and key in results:
             print(f"{key} / llama.cpp f32 decode: {results[key]['decode_ms'] / ref['decode_ms']:.2f}x")
     for key, r in results.get("batched", {}).items():
-        print(f"{key:30s} {r['output_tok_s']:7.1f} output tok/s  ({r['completed']} done, errors {r['errors']})")
+        print(f"{key:30s} {r['output_tok_s']:7.1f} output tok/s  ({r['completed']} done, errors "
+              f"{r['errors']})")
     if "batched" in results:
         a = results["batched"].get("llama-server f32 x1 slots", {}).get("answers")
         b = results["batched"].get("minengine float32", {}).get("answers")

@@ -64,7 +64,8 @@ def run(kind: RequestOutputKind, batch: int, output_len: int, model: Any, tokeni
                        enable_prefix_caching=False, num_blocks=batch * cdiv(output_len + 16, 16))
     if forward == "stand-in":
         engine.model_runner.forward = _stand_in_forward(model.config.vocab_size)  # type: ignore[method-assign]
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, output_kind=kind, stop=STOP)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, output_kind=kind,
+                            stop=STOP)
     for i in range(batch):
         engine.add_request(str(i), [10 + i] * 8, params)
     host: list[float] = []
@@ -83,8 +84,9 @@ def run(kind: RequestOutputKind, batch: int, output_len: int, model: Any, tokeni
     def ms(xs: list[float]) -> float:
         return 1e3 * statistics.median(xs)
 
-    return {"early_ms": ms(host[w : 2 * w]), "late_ms": ms(host[-w:]), "prepare_early_ms": ms(prepare[w : 2 * w]),
-            "prepare_late_ms": ms(prepare[-w:]), "steps": len(host)}
+    return {"early_ms": ms(host[w : 2 * w]), "late_ms": ms(host[-w:]),
+            "prepare_early_ms": ms(prepare[w : 2 * w]), "prepare_late_ms": ms(prepare[-w:]),
+            "steps": len(host)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -118,8 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
                     results.setdefault(kind.name, {})[forward] = row
     print(f"\ncommand: {common.command_line()}")
     print(common.machine_line())
-    print(f"{args.batch} requests x {args.output_len} output tokens, detokenized, one stop string; host ms per step "
-          "= wall - forward - input preparation; medians over the first and last eighth of the steps\n")
+    print(f"{args.batch} requests x {args.output_len} output tokens, detokenized, one stop string; host ms "
+          "per step = wall - forward - input preparation; medians over the first and last eighth of the "
+          "steps\n")
     rows = []
     for forward in forwards:
         for k, res in results.items():
@@ -127,8 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
             rows.append([forward, k, f"{r['early_ms']:.3f}", f"{r['late_ms']:.3f}",
                          f"**{r['late_ms'] / r['early_ms']:.2f}x**",
                          f"{r['prepare_early_ms']:.3f} -> {r['prepare_late_ms']:.3f}"])
-    print(common.md_table(["forward", "output kind", "host ms/step, early", "host ms/step, late", "late / early",
-                           "input preparation ms, early -> late"], rows))
+    print(common.md_table(["forward", "output kind", "host ms/step, early", "host ms/step, late",
+                           "late / early", "input preparation ms, early -> late"], rows))
     common.save_json(args.json, {"results": results})
     return results
 

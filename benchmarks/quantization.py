@@ -71,7 +71,8 @@ def minengine_rows(args: argparse.Namespace, bandwidth: float) -> tuple[dict[str
                                progress=not args.smoke)
     reference = results[0].tokens
     same, total = wq.unchanged_by(llm, wq.PLANS["Q4_1"])
-    print(f"storing minengine's fp32 weights as Q4_1 (embedding Q8_0) leaves {same} of {total} matrices unchanged")
+    print(f"storing minengine's fp32 weights as Q4_1 (embedding Q8_0) leaves {same} of {total} matrices "
+          "unchanged")
     rows: dict[str, Any] = {"_unchanged_by_q4_1": f"{same} of {total} matrices"}
     for r in results:
         rows[f"minengine {r.plan.label}"] = {
@@ -84,9 +85,9 @@ def minengine_rows(args: argparse.Namespace, bandwidth: float) -> tuple[dict[str
     bf16 = minengine.LLM(args.model, dtype="bfloat16", enable_prefix_caching=False)
     agree = wq.agreement(reference, wq.greedy_tokens(bf16, prompts, args.tokens))
     row = {"engine": "minengine bf16 engine", "bytes": wq.weight_bytes(bf16, wq.PLANS["bf16"]),
-           "ppl": wq.chunked_perplexity(bf16, text, args.n_ctx, args.max_chunks), "token_share": agree.token_share,
-           "identical": agree.identical, "median_first_diff": agree.median_first_diff,
-           "note": "weights and activations in bf16"}
+           "ppl": wq.chunked_perplexity(bf16, text, args.n_ctx, args.max_chunks),
+           "token_share": agree.token_share, "identical": agree.identical,
+           "median_first_diff": agree.median_first_diff, "note": "weights and activations in bf16"}
     if not args.skip_timing:
         row["decode_ms"] = decode_ms(bf16, prompts[0], args.gen)
     rows["minengine bf16 (engine)"] = row
@@ -103,7 +104,8 @@ def llamacpp_files() -> dict[str, Path]:
     for kind, extra in (("q8_0", []), ("q4_0", ["--token-embedding-type", "q8_0"])):
         out = llamacpp.OUT / f"smollm2-135m-{kind}.gguf"
         if not out.exists():
-            subprocess.run([str(llamacpp.tool("llama-quantize")), *extra, str(files["f32"]), str(out), kind.upper()],
+            subprocess.run([str(llamacpp.tool("llama-quantize")), *extra, str(files["f32"]), str(out),
+                            kind.upper()],
                            check=True, capture_output=True)
         files[kind] = out
     return {k: files[k] for k in LLAMACPP_KINDS}
@@ -118,7 +120,8 @@ def perplexity_tool() -> Path:
     return path
 
 
-def llamacpp_perplexity(path: Path, text_file: Path, threads: int, n_ctx: int, max_chunks: int | None) -> float:
+def llamacpp_perplexity(path: Path, text_file: Path, threads: int, n_ctx: int,
+                        max_chunks: int | None) -> float:
     cmd = [str(perplexity_tool()), "-m", str(path), "-f", str(text_file), "-c", str(n_ctx), "-b", str(n_ctx),
            "-t", str(threads)]
     if max_chunks:
@@ -142,7 +145,8 @@ def llamacpp_greedy(path: Path, prompts: list[list[int]], n: int, threads: int) 
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         llamacpp._wait_up(url, proc)
-        body = {"n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False, "return_tokens": True}
+        body = {"n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+                "return_tokens": True}
         return [httpx.post(url + "/completion", json={**body, "prompt": p}, timeout=300).json()["tokens"]
                 for p in prompts]
     finally:
@@ -190,23 +194,24 @@ def llamacpp_rows(args: argparse.Namespace, bandwidth: float, reference: list[li
                "median_first_diff": agree.median_first_diff, "note": path.name}
         row["floor_ms"] = row["bytes"] / bandwidth * 1e3
         if not args.skip_timing:
-            row["decode_ms"] = 1e3 / llamacpp.llama_bench(path, args.threads, args.gen, args.reps)["decode_tok_s"]
+            row["decode_ms"] = 1e3 / llamacpp.llama_bench(path, args.threads, args.gen,
+                                                          args.reps)["decode_tok_s"]
         rows[f"llama.cpp {kind.upper()}" + (" (as shipped)" if kind == "q4_1" else "")] = row
     return rows
 
 
 def print_table(results: dict[str, Any]) -> None:
     ref = results["rows"]["minengine fp32"]["ppl"]
-    print(f"\n{'variant':30s} {'MB/step':>8s} {'floor ms':>9s} {'decode ms':>10s} {'ppl':>9s} {'vs fp32':>8s} "
-          f"{'tokens same':>12s} {'answers same':>13s} {'1st diff':>9s}")
+    print(f"\n{'variant':30s} {'MB/step':>8s} {'floor ms':>9s} {'decode ms':>10s} {'ppl':>9s} "
+          f"{'vs fp32':>8s} {'tokens same':>12s} {'answers same':>13s} {'1st diff':>9s}")
     n = results["prompts"]
     for key, r in results["rows"].items():
         if key.startswith("_"):
             continue
         dec = f"{r['decode_ms']:10.1f}" if "decode_ms" in r else f"{'-':>10s}"
         print(f"{key:30s} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:9.2f} {dec} {r['ppl']:9.3f} "
-              f"{100 * (r['ppl'] / ref - 1):+7.2f}% {100 * r['token_share']:11.1f}% {r['identical']:>7d} of {n:<3d} "
-              f"{r['median_first_diff']:9.0f}")
+              f"{100 * (r['ppl'] / ref - 1):+7.2f}% {100 * r['token_share']:11.1f}% {r['identical']:>7d} of "
+              f"{n:<3d} {r['median_first_diff']:9.0f}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -216,16 +221,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--prompts", type=int, default=10, help="chat prompts for greedy agreement (at most 10)")
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
     ap.add_argument("--n-ctx", type=int, default=512, help="perplexity chunk length (llama-perplexity's -c)")
-    ap.add_argument("--max-chunks", type=int, default=None, help="perplexity chunks (default: the whole text)")
+    ap.add_argument("--max-chunks", type=int, default=None,
+                    help="perplexity chunks (default: the whole text)")
     ap.add_argument("--gen", type=int, default=64, help="decode tokens per timing")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--quality-threads", type=int, default=None,
                     help="llama.cpp threads for perplexity and greedy runs (default --threads; 1 on a busy "
-                         "machine: spinning worker threads slow llama.cpp down many times when cores are shared)")
+                         "machine: spinning worker threads slow llama.cpp down many times when cores are "
+                         "shared)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--smoke", action="store_true", help="the tiny shipped model, 2 prompts x 8 tokens, no llama.cpp")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tiny shipped model, 2 prompts x 8 tokens, no llama.cpp")
     args = ap.parse_args(argv)
     if args.smoke:
         args.model, args.prompts, args.tokens, args.n_ctx, args.max_chunks = "tinystories-4m", 2, 8, 128, 2
@@ -240,8 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     rows, reference, (prompts, _text) = minengine_rows(args, bandwidth)
     results: dict[str, Any] = {"machine": common.machine_line(), "command": common.command_line(),
-                               "bandwidth_gb_s": bandwidth / 1e9, "model": args.model, "prompts": len(prompts),
-                               "tokens": args.tokens, "n_ctx": args.n_ctx,
+                               "bandwidth_gb_s": bandwidth / 1e9, "model": args.model,
+                               "prompts": len(prompts), "tokens": args.tokens, "n_ctx": args.n_ctx,
                                "unchanged_by_q4_1": rows.pop("_unchanged_by_q4_1"), "rows": rows}
     if args.json:  # the minengine half now, in case the llama.cpp half is interrupted
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -257,8 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.update(cpp)
     print_table(results)
     if "quantizer_check" in results:
-        print("gguf.quantize_blocks vs llama-quantize:", ", ".join(f"{k.upper()} {v}"
-                                                                   for k, v in results["quantizer_check"].items()))
+        print("gguf.quantize_blocks vs llama-quantize:",
+              ", ".join(f"{k.upper()} {v}" for k, v in results["quantizer_check"].items()))
     print(f"({time.perf_counter() - start:.0f} s)")
     common.save_json(args.json, results)
     return results

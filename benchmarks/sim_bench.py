@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.num_requests, args.repeats, args.calib_requests = 200, 1, 6
     print(common.machine_line())
     out: dict[str, Any] = {}
-    workloads = [w for w in (("poisson", args.rate), ("offline", float("inf"))) if w[0] in args.workloads.split(",")]
+    workloads = [w for w in (("poisson", args.rate), ("offline", float("inf")))
+                 if w[0] in args.workloads.split(",")]
     if not workloads:
         ap.error(f"--workloads {args.workloads!r}: name poisson, offline or both")
     total = len(workloads) * args.repeats + (not args.skip_calibration)
@@ -89,19 +90,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 model = {**MEDIUM_LLAMA, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
             start = time.perf_counter()
             cal = calibrate(model, num_requests=args.calib_requests)
-            out["calibration"] = {"mape": cal.mape, "holdout_mape": cal.holdout_mape, "kinds": cal.kind_errors(),
-                                  "steps": len(cal.measured), "wall_s": time.perf_counter() - start,
-                                  "report": cal.report(), "load": common.loadavg()[0]}
+            out["calibration"] = {"mape": cal.mape, "holdout_mape": cal.holdout_mape,
+                                  "kinds": cal.kind_errors(), "steps": len(cal.measured),
+                                  "wall_s": time.perf_counter() - start, "report": cal.report(),
+                                  "load": common.loadavg()[0]}
             bar.update(1)
 
     print(f"\ncommand: {common.command_line()}")
     print(common.machine_line())
-    print(f"simulated {args.model} on {args.gpu} (per-op roofline, table efficiencies), prompt and output lengths uniform in "
-          f"[100, 1024], engine defaults; median of {args.repeats} runs\n")
+    print(f"simulated {args.model} on {args.gpu} (per-op roofline, table efficiencies), prompt and output "
+          f"lengths uniform in [100, 1024], engine defaults; median of {args.repeats} runs\n")
     rows = [[f"{name} ({'rate ' + format(r['rate'], 'g') + '/s' if name == 'poisson' else 'all at t=0'})",
-             f"{r['requests']:,}", f"**{r['wall_s']:.2f}**", f"{r['cpu_s']:.2f}", f"{r['steps']:,}", f"{r['steps_per_s']:,.0f}",
-             f"{r['requests_per_wall_s']:,.0f}", f"{r['simulated_s']:.0f}", f"{r['sim_output_tok_s']:,.0f}",
-             " ".join(f"{x:.2f}" for x in r["loads"])]
+             f"{r['requests']:,}", f"**{r['wall_s']:.2f}**", f"{r['cpu_s']:.2f}", f"{r['steps']:,}",
+             f"{r['steps_per_s']:,.0f}", f"{r['requests_per_wall_s']:,.0f}", f"{r['simulated_s']:.0f}",
+             f"{r['sim_output_tok_s']:,.0f}", " ".join(f"{x:.2f}" for x in r["loads"])]
             for name, r in out.items() if name != "calibration"]
     print(common.md_table(["workload", "requests", "wall s", "CPU s", "sim steps", "steps/s", "requests/s",
                            "simulated s", "sim output tok/s", "load avg"], rows))

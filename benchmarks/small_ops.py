@@ -62,7 +62,8 @@ def pairs(shape: dict[str, int], rows: int) -> dict[str, dict[str, Callable[[], 
     gate_up = torch.randn(rows, 2 * inter)
     config = ModelConfig(architecture="LlamaForCausalLM", hidden_size=hidden, intermediate_size=inter,
                          num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         vocab_size=8, head_dim=head_dim, max_position_embeddings=shape["max_position_embeddings"])
+                         vocab_size=8, head_dim=head_dim,
+                         max_position_embeddings=shape["max_position_embeddings"])
     rope = RotaryEmbedding(config)
     tables = rope.tables(torch.arange(rows) % config.max_position_embeddings, torch.float32)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)  # the fused projection's output
@@ -79,14 +80,16 @@ def pairs(shape: dict[str, int], rows: int) -> dict[str, dict[str, Callable[[], 
         "SwiGLU activation": {"PyTorch ops": lambda: F.silu(gate_up[:, :inter]) * gate_up[:, inter:],
                               "C++ kernel": lambda: ops.silu_and_mul(gate_up)},
         "RoPE (q and k)": {"PyTorch ops": rope_ops,  # the kernel rotates qk over and over: timing only
-                           "C++ kernel": lambda: (ops.rotary_embedding_(qk, *tables), qk.split((heads, kv_heads), 1))},
+                           "C++ kernel": lambda: (ops.rotary_embedding_(qk, *tables),
+                                                  qk.split((heads, kv_heads), 1))},
     }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-100m", choices=sorted(common.SHAPES))
-    ap.add_argument("--rows", default="1,64,512", help="tokens per call: batch-1 decode, batched decode, a chunk")
+    ap.add_argument("--rows", default="1,64,512",
+                    help="tokens per call: batch-1 decode, batched decode, a chunk")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (0 = torch's default)")
     ap.add_argument("--json", default=None)
@@ -111,9 +114,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ops, kernel = t["PyTorch ops"], t["C++ kernel"]
                 table.append([op, rows, f"{ops * 1e6:.1f}", f"{kernel * 1e6:.1f}", f"**{ops / kernel:.1f}x**",
                               f"{(ops - kernel) * 1e6:.1f}"])
-    print(f"\n{args.shape} widths, fp32, {args.threads} threads; fastest of {args.rounds} interleaved rounds\n")
-    print(common.md_table(["op", "rows", "PyTorch ops us", "C++ kernel us", "kernel faster", "saved us per call"],
-                          table))
+    print(f"\n{args.shape} widths, fp32, {args.threads} threads; fastest of {args.rounds} interleaved "
+          "rounds\n")
+    print(common.md_table(["op", "rows", "PyTorch ops us", "C++ kernel us", "kernel faster",
+                           "saved us per call"], table))
     common.save_json(args.json, {"results": results, "args": vars(args)})
     return results
 

@@ -80,13 +80,15 @@ MINENGINE = {
     "minengine-prefill-first": ("prefill_first", True, False, None, None, None),
     "minengine-prefill-first-nochunk": ("prefill_first", False, False, None, None, None),
     "minengine-decode-first-compiled": ("decode_first", True, True, None, None, None),  # fp32 CPU only
-    "minengine-decode-first-unpacked": ("decode_first", True, False, None, None, False),  # before 2026-12-02 16:20
+    # before 2026-12-02 16:20
+    "minengine-decode-first-unpacked": ("decode_first", True, False, None, None, False),
     "minengine-decode-first-gather": ("decode_first", True, False, "gather", None, None),
-    "minengine-decode-first-reference": ("decode_first", True, False, "gather", "torch", None),  # before issue 13's kernels
+    # before issue 13's kernels
+    "minengine-decode-first-reference": ("decode_first", True, False, "gather", "torch", None),
 }
 ENGINES = [*MINENGINE, "hf-sequential", "hf-static", "hf-cb"]
-OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-unpacked", "minengine-decode-first-gather",
-          "minengine-decode-first-reference")  # not in the default run
+OPT_IN = ("minengine-decode-first-compiled", "minengine-decode-first-unpacked",
+          "minengine-decode-first-gather", "minengine-decode-first-reference")  # not in the default run
 DEFAULT_ENGINES = [e for e in ENGINES if e not in OPT_IN]
 
 
@@ -309,8 +311,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     read_floor = read_aware_floor(hf.config, work, peak_flops, bandwidth)
     for rs in runs.values():
         for x in rs:
-            x.update(matmul_flops=peak_flops, floor_s=flops / peak_flops, floor_ratio=x["wall_s"] * peak_flops / flops,
-                     read_floor_s=read_floor, read_floor_ratio=x["wall_s"] / read_floor)
+            x.update(matmul_flops=peak_flops, floor_s=flops / peak_flops,
+                     floor_ratio=x["wall_s"] * peak_flops / flops, read_floor_s=read_floor,
+                     read_floor_ratio=x["wall_s"] / read_floor)
     results: dict[str, Any] = {}
     for name, rs in runs.items():  # medians over rounds (the mean of two)
         results[name] = {k: common.median([x[k] for x in rs]) for k in rs[0] if k != "load"}
@@ -332,8 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["same_as_hf_sequential"] = None if differs is None else len(work) - len(differs)
     _print(results, args, work)
     print(f"process peak RSS {_peak_rss_bytes() / 2**20:,.0f} MiB (all engines in one process)")
-    common.save_json(args.json, {"results": results, "args": vars(args), "process_peak_rss": _peak_rss_bytes(),
-                                 "readings": readings})
+    common.save_json(args.json, {"results": results, "args": vars(args),
+                                 "process_peak_rss": _peak_rss_bytes(), "readings": readings})
     return results
 
 
@@ -345,23 +348,25 @@ def _print(results: dict[str, Any], args: argparse.Namespace, work: Workload) ->
           f"{args.chunk}, max_num_seqs {args.max_num_seqs}, HF static batch {args.static_batch}, HF CB "
           f"max_batch_tokens {args.hf_cb_tokens or 'default'}; medians of {args.rounds} rounds")
     any_run = next(iter(results.values()))
-    print(f"compute floor: {any_run['workload_flops'] / 1e9:,.1f} GFLOP / {any_run['matmul_flops'] / 1e9:.0f} GFLOP/s "
-          f"(fp32 matmul peak: the better of MKL and oneDNN, the highest of the rounds' readings) = {any_run['floor_s']:.1f} s; with the "
-          f"weights' and K/V's read per decode step (`read_aware_floor`): {any_run['read_floor_s']:.1f} s\n")
+    print(f"compute floor: {any_run['workload_flops'] / 1e9:,.1f} GFLOP / "
+          f"{any_run['matmul_flops'] / 1e9:.0f} GFLOP/s (fp32 matmul peak: the better of MKL and oneDNN, the "
+          f"highest of the rounds' readings) = {any_run['floor_s']:.1f} s; with the weights' and K/V's read "
+          f"per decode step (`read_aware_floor`): {any_run['read_floor_s']:.1f} s\n")
     base = {k: results[k]["output_tok_s"] for k in ("hf-sequential", "hf-cb") if k in results}
     rows = []
     for name, r in results.items():
         ratios = [f"{r['output_tok_s'] / v:.2f}x" for v in base.values()]
         same = "-" if r["same_as_hf_sequential"] is None else f"{r['same_as_hf_sequential']}/{len(work)}"
         per_round = " / ".join(f"{x:.0f}" for x in r["per_round_tok_s"])
-        rows.append([name, f"{r['wall_s']:.1f}", f"**{r['floor_ratio']:.2f}x**", f"{r['read_floor_ratio']:.2f}x",
-                     f"**{r['output_tok_s']:.0f}** ({per_round})", *ratios,
+        rows.append([name, f"{r['wall_s']:.1f}", f"**{r['floor_ratio']:.2f}x**",
+                     f"{r['read_floor_ratio']:.2f}x", f"**{r['output_tok_s']:.0f}** ({per_round})", *ratios,
                      f"{1e3 * r['ttft_p50']:.0f}", f"{1e3 * r['ttft_p99']:.0f}", f"{1e3 * r['itl_p50']:.1f}",
                      f"{1e3 * r['itl_p99']:.1f}", same, f"{r['setup_bytes'] / 2**20:,.0f}",
                      f"{r['run_peak_bytes'] / 2**20:,.0f}", " ".join(f"{x:.2f}" for x in r["load"])])
-    header = ["engine", "wall s", "wall / compute floor", "wall / read-aware floor", "output tok/s (per round)", *(f"vs {k}" for k in base),
-              "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "same tokens as HF seq",
-              "setup RSS MiB", "run peak RSS +MiB", "load avg (start/end of runs)"]
+    header = ["engine", "wall s", "wall / compute floor", "wall / read-aware floor",
+              "output tok/s (per round)", *(f"vs {k}" for k in base), "TTFT p50 ms", "TTFT p99 ms",
+              "ITL p50 ms", "ITL p99 ms", "same tokens as HF seq", "setup RSS MiB", "run peak RSS +MiB",
+              "load avg (start/end of runs)"]
     print(common.md_table(header, rows))
     for name, r in results.items():
         if "decode_steps" in r:

@@ -69,22 +69,24 @@ def _sdpa_pairs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, cau
     """(query, key) pairs an SDPA call must compute, over batch and query heads."""
     batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     if mask is not None:
-        return int(mask.expand(batch, heads, lq, lk).sum()) if mask.dtype == torch.bool else batch * heads * lq * lk
+        return (int(mask.expand(batch, heads, lq, lk).sum()) if mask.dtype == torch.bool
+                else batch * heads * lq * lk)
     return batch * heads * (lq * (lq + 1) // 2 if causal and lq == lk else lq * lk)
 
 
 @contextmanager
 def clocked(tally: Tally) -> Iterator[None]:
     """Wrap the Linear layers' ``run``, the decode-attention kernel and SDPA with clocks while inside."""
-    saved_run, saved_kernel, saved_sdpa = (linear_kernels.KernelLinear.run, cpu_kernels.paged_decode_attention,
-                                           F.scaled_dot_product_attention)
+    saved_run, saved_kernel, saved_sdpa = (linear_kernels.KernelLinear.run,
+                                           cpu_kernels.paged_decode_attention, F.scaled_dot_product_attention)
 
     def run(self: linear_kernels.KernelLinear, x: torch.Tensor, weight: torch.Tensor,
             bias: torch.Tensor | None) -> torch.Tensor:
         start = time.perf_counter()
         out = saved_run(self, x, weight, bias)
         rows = x.numel() // x.shape[-1]
-        tally.add(_row_bucket(rows), time.perf_counter() - start, 2.0 * rows * weight.shape[0] * weight.shape[1])
+        tally.add(_row_bucket(rows), time.perf_counter() - start,
+                  2.0 * rows * weight.shape[0] * weight.shape[1])
         return out
 
     def kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -101,7 +103,8 @@ def clocked(tally: Tally) -> Iterator[None]:
         start = time.perf_counter()
         out = saved_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
         seconds = time.perf_counter() - start
-        tally.add("SDPA (prompt chunks)", seconds, 4.0 * q.shape[-1] * _sdpa_pairs(q, k, attn_mask, is_causal))
+        tally.add("SDPA (prompt chunks)", seconds,
+                  4.0 * q.shape[-1] * _sdpa_pairs(q, k, attn_mask, is_causal))
         return out
 
     linear_kernels.KernelLinear.run = run  # type: ignore[method-assign]
@@ -143,7 +146,8 @@ def table(result: dict[str, Any]) -> str:
         else:
             rate = f"{work / seconds / 1e9:.0f} GFLOP/s ({100 * work / seconds / peak:.0f} % of the peak)"
             amount = f"{work / 1e9:,.1f} GFLOP"
-        rows.append([name, f"{part['calls']:,}", f"{seconds:.2f}", f"{100 * seconds / wall:.0f} %", amount, rate])
+        rows.append([name, f"{part['calls']:,}", f"{seconds:.2f}", f"{100 * seconds / wall:.0f} %", amount,
+                     rate])
     rows.append(["the rest (element-wise, norms, K/V writes, sampling, scheduler, Python)", "-",
                  f"{wall - counted:.2f}", f"{100 * (wall - counted) / wall:.0f} %", "-", "-"])
     return common.md_table(["part", "calls", "seconds", "of the run", "work", "rate"], rows)
@@ -167,9 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.inference_mode():
         run(mixed_workload.make_workload(2, (8, 32), (4, 8), shape["vocab_size"], args.seed + 1))  # warm-up
     result = measure(run, work)
-    print(f"\n{args.shape}, minengine-decode-first, {args.num_requests} requests: wall {result['wall_s']:.1f} s; "
-          f"matmul peak {result['peak_flops'] / 1e9:.0f} GFLOP/s, read {result['read_bytes_per_s'] / 1e9:.1f} GB/s "
-          f"(measured just before)\n")
+    print(f"\n{args.shape}, minengine-decode-first, {args.num_requests} requests: wall "
+          f"{result['wall_s']:.1f} s; matmul peak {result['peak_flops'] / 1e9:.0f} GFLOP/s, read "
+          f"{result['read_bytes_per_s'] / 1e9:.1f} GB/s (measured just before)\n")
     print(table(result))
     common.save_json(args.json, {"result": result, "args": vars(args)})
     return {**result, "work": work}

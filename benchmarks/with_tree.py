@@ -21,7 +21,8 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     tree, script = os.path.abspath(argv[0]), argv[1]
     if not os.path.isdir(os.path.join(tree, "minengine")):
-        sys.exit(f"{tree} holds no minengine/ folder (make it with: git archive <rev> minengine | tar -x -C {tree})")
+        sys.exit(f"{tree} holds no minengine/ folder "
+                 f"(make it with: git archive <rev> minengine | tar -x -C {tree})")
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__name__.lower()
                         and "editable" not in (getattr(f, "__module__", "") or "").lower()]
     sys.path[:0] = [tree, os.path.dirname(os.path.abspath(script))]

@@ -14,18 +14,21 @@ from dataclasses import dataclass
 
 NAMES = {
     "she": ["Lily", "Mia", "Sara", "Anna", "Emma", "Zoe", "Lucy", "Ella", "Rosa", "Nina", "Amy", "Kate",
-            "Maya", "Hana", "Ava", "Ruby", "Sofia", "Grace", "Ivy", "Luna", "Chloe", "Daisy", "Nora", "Olivia",
-            "Alice", "Julia", "Clara", "Leah", "Aisha", "Yuki", "Elena", "Holly", "Molly", "Poppy", "Sadie", "Willow"],
+            "Maya", "Hana", "Ava", "Ruby", "Sofia", "Grace", "Ivy", "Luna", "Chloe", "Daisy", "Nora",
+            "Olivia", "Alice", "Julia", "Clara", "Leah", "Aisha", "Yuki", "Elena", "Holly", "Molly", "Poppy",
+            "Sadie", "Willow"],
     "he": ["Tom", "Max", "Ben", "Sam", "Leo", "Jack", "Tim", "Noah", "Finn", "Omar", "Kai", "Leo", "Hugo",
            "Dan", "Eli", "Ravi", "Theo", "Adam", "Jake", "Milo", "Oscar", "Henry", "Lucas", "Ethan", "Felix",
-           "Oliver", "Arthur", "Bruno", "Carlos", "Diego", "Ivan", "Jonah", "Kenji", "Louis", "Marco", "Peter"],
+           "Oliver", "Arthur", "Bruno", "Carlos", "Diego", "Ivan", "Jonah", "Kenji", "Louis", "Marco",
+           "Peter"],
 }
 KINDS = {
     "person": ["little girl", "little boy", "young girl", "small boy", "kid"],
     "animal": ["cat", "dog", "bunny", "fox", "bear", "duck", "mouse", "frog", "bird", "turtle", "puppy",
-               "kitten", "owl", "lion", "pig", "horse", "squirrel", "penguin", "elephant", "giraffe", "monkey",
-               "hedgehog", "goat", "sheep", "cow", "hen", "butterfly", "ladybug", "snail", "whale", "dolphin",
-               "zebra", "koala", "panda", "raccoon", "deer", "badger", "otter", "seal", "parrot", "wolf"],
+               "kitten", "owl", "lion", "pig", "horse", "squirrel", "penguin", "elephant", "giraffe",
+               "monkey", "hedgehog", "goat", "sheep", "cow", "hen", "butterfly", "ladybug", "snail", "whale",
+               "dolphin", "zebra", "koala", "panda", "raccoon", "deer", "badger", "otter", "seal", "parrot",
+               "wolf"],
     "thing": ["robot", "dragon", "teddy bear", "toy train", "little boat", "snowman", "scarecrow", "unicorn",
               "doll", "dinosaur"],
 }
@@ -33,23 +36,27 @@ TRAITS = ["kind", "curious", "shy", "brave", "happy", "silly", "clever", "gentle
           "friendly", "quiet", "cheerful", "careful", "playful", "grumpy", "tiny", "fluffy", "hungry", "lazy",
           "polite", "proud", "noisy", "lucky", "wise", "smart", "funny", "generous", "honest", "bold"]
 PLACES = ["in a small village by the sea", "in a big green forest", "on a quiet farm", "in a busy town",
-          "near a tall mountain", "in a little house with a red door", "by a sunny lake", "in a park full of trees",
-          "at the edge of a field of flowers", "in a cozy cottage", "near an old bridge", "in a garden behind the school",
-          "in a warm burrow under a hill", "on a little island", "in a snowy valley", "next to a noisy river",
-          "in a tree house", "on a busy street in the city", "near the beach", "in a bright yellow house",
-          "on the moon", "in a castle on a hill", "in a quiet meadow", "near a big farm with a windmill"]
+          "near a tall mountain", "in a little house with a red door", "by a sunny lake",
+          "in a park full of trees", "at the edge of a field of flowers", "in a cozy cottage",
+          "near an old bridge", "in a garden behind the school", "in a warm burrow under a hill",
+          "on a little island", "in a snowy valley", "next to a noisy river", "in a tree house",
+          "on a busy street in the city", "near the beach", "in a bright yellow house", "on the moon",
+          "in a castle on a hill", "in a quiet meadow", "near a big farm with a windmill"]
 OBJECTS = [("ball", "red"), ("kite", "blue"), ("hat", "yellow"), ("book", "old"), ("toy car", "green"),
            ("shell", "shiny"), ("box", "small"), ("key", "gold"), ("cup", "pink"), ("bell", "silver"),
            ("blanket", "soft"), ("map", "big"), ("drum", "loud"), ("flower", "purple"), ("stone", "smooth"),
-           ("scarf", "warm"), ("balloon", "orange"), ("whistle", "tiny"), ("puzzle", "colorful"), ("crayon", "bright"),
-           ("feather", "white"), ("jar", "glass"), ("necklace", "pretty"), ("sock", "striped"), ("umbrella", "black"),
-           ("marble", "glittery"), ("wagon", "wooden"), ("bucket", "little"), ("ribbon", "long"), ("lamp", "magic")]
-LOST_PLACES = ["under the bed", "behind a big rock", "in the tall grass", "next to the pond", "under a pile of leaves",
-               "in the old barn", "on top of a hill", "inside a hollow log", "near the garden gate", "in a muddy puddle",
-               "behind the sofa", "in the sandbox", "under a bush", "inside the washing basket", "on the roof",
-               "in the toy box", "under the kitchen table", "beside the mailbox"]
-FOODS = ["cookies", "a cake", "apple pie", "soup", "pancakes", "bread", "a sandwich", "muffins", "a pizza", "fruit salad",
-         "banana bread", "carrot soup", "waffles", "lemonade", "a pie with berries", "rice with beans", "tacos"]
+           ("scarf", "warm"), ("balloon", "orange"), ("whistle", "tiny"), ("puzzle", "colorful"),
+           ("crayon", "bright"), ("feather", "white"), ("jar", "glass"), ("necklace", "pretty"),
+           ("sock", "striped"), ("umbrella", "black"), ("marble", "glittery"), ("wagon", "wooden"),
+           ("bucket", "little"), ("ribbon", "long"), ("lamp", "magic")]
+LOST_PLACES = ["under the bed", "behind a big rock", "in the tall grass", "next to the pond",
+               "under a pile of leaves", "in the old barn", "on top of a hill", "inside a hollow log",
+               "near the garden gate", "in a muddy puddle", "behind the sofa", "in the sandbox",
+               "under a bush", "inside the washing basket", "on the roof", "in the toy box",
+               "under the kitchen table", "beside the mailbox"]
+FOODS = ["cookies", "a cake", "apple pie", "soup", "pancakes", "bread", "a sandwich", "muffins", "a pizza",
+         "fruit salad", "banana bread", "carrot soup", "waffles", "lemonade", "a pie with berries",
+         "rice with beans", "tacos"]
 WEATHER = [("it was raining", "the rain stopped and the sun came out"),
            ("the wind was very strong", "the wind became calm"),
            ("it was snowing", "the snow stopped falling"),
@@ -61,15 +68,19 @@ FEARS = [("the dark", "the night"), ("the water", "the lake"), ("loud noises", "
          ("high places", "the tall tree"), ("the big dog", "the yard")]
 SKILLS = ["swim", "ride a bike", "read", "climb trees", "fly a kite", "sing", "dance", "bake bread", "draw",
           "whistle", "count to one hundred", "tie a knot",
-          "skate", "jump rope", "play the piano", "write a letter", "plant seeds", "build a sandcastle", "catch a ball"]
+          "skate", "jump rope", "play the piano", "write a letter", "plant seeds", "build a sandcastle",
+          "catch a ball"]
 LESSONS = {
-    "lost": ["it is good to ask friends for help", "looking carefully pays off", "friends make hard things easy"],
+    "lost": ["it is good to ask friends for help", "looking carefully pays off",
+             "friends make hard things easy"],
     "share": ["sharing makes everyone happy", "it feels good to give", "a toy is more fun with a friend"],
     "fear": ["being brave means trying even when you are scared", "fear gets smaller when you face it",
              "a friend can make you feel brave"],
-    "skill": ["practice helps you get better", "it is okay to fall and try again", "patience and work pay off"],
+    "skill": ["practice helps you get better", "it is okay to fall and try again",
+              "patience and work pay off"],
     "bake": ["good things take time", "working together is fun", "sharing food brings friends together"],
-    "weather": ["a bad day can turn into a good day", "you can have fun in any weather", "friends make any day bright"],
+    "weather": ["a bad day can turn into a good day", "you can have fun in any weather",
+                "friends make any day bright"],
     "friend": ["a kind word can make a new friend", "everyone needs a friend", "being different is okay"],
 }
 
@@ -117,10 +128,12 @@ def make_hero(rng: random.Random, avoid: str = "") -> Hero:
 def opening(rng: random.Random, h: Hero) -> str:
     t = h.trait
     return rng.choice([
-        f"Once upon a time, there was {article(t)} {t} {h.kind} named {h.name}. {h.Pron} lived {rng.choice(PLACES)}.",
+        f"Once upon a time, there was {article(t)} {t} {h.kind} named {h.name}. {h.Pron} lived "
+        f"{rng.choice(PLACES)}.",
         f"One day, {article(t)} {t} {h.kind} called {h.name} was playing {rng.choice(PLACES)}.",
         f"{h.name} was {article(t)} {t} {h.kind} who lived {rng.choice(PLACES)}.",
-        f"There once was {article(t)} {t} {h.kind}. {h.Poss} name was {h.name}, and {h.pron} lived {rng.choice(PLACES)}.",
+        f"There once was {article(t)} {t} {h.kind}. {h.Poss} name was {h.name}, and {h.pron} lived "
+        f"{rng.choice(PLACES)}.",
     ])
 
 
@@ -163,7 +176,8 @@ def story_share(rng, h, f) -> str:
         f"{h.Pron} had a new {color} {thing}, and {h.pron} did not want anyone else to touch it.",
         f"One day, {f.name} the {f.kind} came by. {f.name} looked at the {thing} and smiled.",
         f'"Can I play with your {thing}?" {f.name} asked.',
-        f'"No, it is mine," {h.name} {said(rng)}. {f.name} walked away and looked {rng.choice(FEELINGS_BAD)}.',
+        f'"No, it is mine," {h.name} {said(rng)}. {f.name} walked away and looked '
+        f'{rng.choice(FEELINGS_BAD)}.',
         f"Soon {h.name} felt {rng.choice(FEELINGS_BAD)} too. Playing alone was not fun at all.",
         f'{h.name} ran after {f.name}. "I am sorry. Let us play with the {thing} together," {h.pron} said.',
         "They took turns and played all afternoon.",
@@ -175,7 +189,8 @@ def story_fear(rng, h, f) -> str:
     fear, where = rng.choice(FEARS)
     return " ".join([
         opening(rng, h),
-        f"{h.name} was afraid of {fear}. Every time {h.pron} thought about {where}, {h.poss} heart beat fast.",
+        f"{h.name} was afraid of {fear}. Every time {h.pron} thought about {where}, "
+        f"{h.poss} heart beat fast.",
         f"One day, {h.poss} friend {f.name} the {f.kind} wanted to go to {where}.",
         f'"I am too scared," {h.name} {said(rng)}.',
         f'"Do not worry. I will stay with you," said {f.name}. "We can go slowly."',
@@ -205,7 +220,8 @@ def story_bake(rng, h, f) -> str:
         opening(rng, h),
         f"One day, {h.name} wanted to make {food} for {h.poss} friends.",
         f"{h.Pron} asked {f.name} the {f.kind} to help. \"Yes, I love to cook!\" {f.name} said.",
-        f"They got a big bowl. They mixed flour, milk and eggs. {f.name} spilled some flour, and they both laughed.",
+        f"They got a big bowl. They mixed flour, milk and eggs. {f.name} spilled some flour, and they both "
+        "laughed.",
         "They waited and waited. Soon the house smelled warm and sweet.",
         "When everything was ready, they shared it with everyone.",
         f'"This is the best thing I have ever eaten," {said(rng)} {f.name}.',
@@ -258,7 +274,8 @@ def story_trip(rng, h, f) -> str:
         f"{h.name} packed {h.poss} {color} {thing} and some snacks.",
         f"At {place}, they {fun}.",
         f"Then {h.name} noticed that {h.poss} {thing} was missing! {h.Pron} felt {rng.choice(FEELINGS_BAD)}.",
-        f'"Let us go back and look," said {f.name}. They walked back slowly and looked {rng.choice(LOST_PLACES)}.',
+        f'"Let us go back and look," said {f.name}. They walked back slowly and looked '
+        f'{rng.choice(LOST_PLACES)}.',
         f"There it was! {h.name} picked up the {thing} and smiled.",
         "On the way home, they sang songs and talked about their day.",
         ending(rng, h, "lost", f),
@@ -274,7 +291,8 @@ def story_gift(rng, h, f) -> str:
         f"Then {h.pron} had an idea. {h.Pron} would make {gift} all by {h.obj}self.",
         f"{h.Pron} worked hard all day. It was not perfect, but {h.pron} made it with love.",
         f'The next day, {h.name} gave {f.name} the present. "Happy birthday!" {h.pron} {said(rng)}.',
-        f'{f.name} the {f.kind} was so {rng.choice(FEELINGS_GOOD)}. "This is the best gift ever," {f.name} said.',
+        f'{f.name} the {f.kind} was so {rng.choice(FEELINGS_GOOD)}. "This is the best gift ever," {f.name} '
+        'said.',
         ending(rng, h, "share", f),
     ])
 
@@ -282,9 +300,9 @@ def story_gift(rng, h, f) -> str:
 STORIES = {"lost": story_lost, "share": story_share, "fear": story_fear, "skill": story_skill,
            "bake": story_bake, "weather": story_weather, "friend": story_friend, "trip": story_trip,
            "gift": story_gift}
-TOPIC_WORDS = {"lost": "a lost toy", "share": "sharing", "fear": "being brave", "skill": "learning something new",
-               "bake": "cooking with a friend", "weather": "a rainy day", "friend": "making a new friend",
-               "trip": "a day trip", "gift": "a birthday present"}
+TOPIC_WORDS = {"lost": "a lost toy", "share": "sharing", "fear": "being brave",
+               "skill": "learning something new", "bake": "cooking with a friend", "weather": "a rainy day",
+               "friend": "making a new friend", "trip": "a day trip", "gift": "a birthday present"}
 SYSTEM_PROMPTS = ["You are a friendly storyteller.", "You tell short, happy stories for children.",
                   "You are a helpful assistant who writes simple stories."]
 

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     train = pack(encode, args.seq_len)
     val = pack(tokenizer(val_docs, add_special_tokens=False)["input_ids"], args.seq_len)
     num_train_tokens = train[:, :-1].numel()
-    print(f"{num_train_tokens:,} training tokens in {len(train)} windows of {args.seq_len}; {len(val)} val windows")
+    print(f"{num_train_tokens:,} training tokens in {len(train)} windows of {args.seq_len}; {len(val)} val "
+          "windows")
 
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     config = LlamaConfig(
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -200,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     tok_cfg["chat_template"] = CHAT_TEMPLATE
     tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
     GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
-                     do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=256).save_pretrained(args.out)
+                     do_sample=True, temperature=0.8, top_p=0.95,
+                     max_new_tokens=256).save_pretrained(args.out)
 
     model.eval()
     samples = []
@@ -222,8 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         "tokens_seen": args.steps * args.batch_size * args.seq_len,
         "heldout_perplexity": round(val_ppl, 3),
         "train_minutes": round(train_minutes, 1),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
-        "command": "python scripts/train_tiny_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": (f"{platform.machine()}, {torch.get_num_threads()} torch threads, "
+                    f"torch {torch.__version__}"),
+        "command": ("python scripts/train_tiny_model.py "
+                    + " ".join(argv if argv is not None else sys.argv[1:])),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"},
     }
     (args.out / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
@@ -252,13 +257,16 @@ runs offline on a laptop CPU. It is a teaching model: it knows nothing but its l
 | architecture | `LlamaForCausalLM` (RoPE, RMSNorm, SwiGLU MLP, tied embeddings) |
 | layers | {config.num_hidden_layers} |
 | hidden size / MLP size | {config.hidden_size} / {config.intermediate_size} |
-| attention | GQA: {config.num_attention_heads} query heads share {config.num_key_value_heads} KV heads, head_dim {config.head_dim} |
-| context | {config.max_position_embeddings} positions (trained on windows of {stats['args']['seq_len']} tokens) |
+| attention | GQA: {config.num_attention_heads} query heads share {config.num_key_value_heads} KV heads, \
+head_dim {config.head_dim} |
+| context | {config.max_position_embeddings} positions (trained on windows of {stats['args']['seq_len']} \
+tokens) |
 | vocabulary | {config.vocab_size} byte-level BPE tokens (trained with `tokenizers`) |
 | weights | float32 safetensors |
 
 KV cache per token: 2 × {config.num_hidden_layers} layers × {config.num_key_value_heads} KV heads ×
-{config.head_dim} × 4 bytes = {2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4:,} bytes in fp32.
+{config.head_dim} × 4 bytes = \
+{2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4:,} bytes in fp32.
 
 ## Training data
 

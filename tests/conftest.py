@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the ten lessons were ~15 of the suite's ~40 minutes on 2 cores. A session without those browser
     tests runs every lesson headless, and ``make book`` runs any lesson the tests left unexecuted."""
     in_browser = {marker.args[0]: item.nodeid for item in items
-                  if (marker := item.get_closest_marker("runs_lesson")) and not item.get_closest_marker("skip")}
+                  if (marker := item.get_closest_marker("runs_lesson"))
+                  and not item.get_closest_marker("skip")}
     for item in items:
         if getattr(item, "originalname", "") != "test_lesson_runs_headless":
             continue

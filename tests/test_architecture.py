@@ -118,15 +118,17 @@ def state_violations(rel: str, source: str) -> list[str]:
             targets = [node.target]
         for t in targets:
             for sub in ast.walk(t):
-                if isinstance(sub, ast.Attribute) and sub.attr in SCHEDULER_STATE and isinstance(sub.ctx, ast.Store):
+                if (isinstance(sub, ast.Attribute) and sub.attr in SCHEDULER_STATE
+                        and isinstance(sub.ctx, ast.Store)):
                     if rel not in STATE_OWNERS:
                         bad.append(f"{rel}:{node.lineno}: writes .{sub.attr} (only core/scheduler.py may)")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner, method = node.func.value, node.func.attr
-            if (method in MUTATORS and isinstance(owner, ast.Attribute) and owner.attr in ("running", "waiting")
-                    and rel not in STATE_OWNERS):
+            if (method in MUTATORS and isinstance(owner, ast.Attribute)
+                    and owner.attr in ("running", "waiting") and rel not in STATE_OWNERS):
                 bad.append(f"{rel}:{node.lineno}: changes .{owner.attr} (only core/scheduler.py may)")
-            if method in ("schedule", "update_from_output") and rel != STEP_LOOP_OWNER and rel not in STATE_OWNERS:
+            if (method in ("schedule", "update_from_output") and rel != STEP_LOOP_OWNER
+                    and rel not in STATE_OWNERS):
                 bad.append(f"{rel}:{node.lineno}: calls .{method}(): a second step loop (use EngineCore)")
     return bad
 
@@ -144,7 +146,8 @@ def test_no_back_edges_and_torch_only_where_allowed() -> None:
 
 def test_only_the_scheduler_writes_its_state_and_only_engine_core_steps() -> None:
     sources = _sources(PACKAGE, PACKAGE)
-    sources += [(f"../benchmarks/{rel}", src) for rel, src in _sources(ROOT / "benchmarks", ROOT / "benchmarks")]
+    sources += [(f"../benchmarks/{rel}", src)
+                for rel, src in _sources(ROOT / "benchmarks", ROOT / "benchmarks")]
     bad = [v for rel, src in sources for v in state_violations(rel, src)]
     assert not bad, "\n".join(bad)
 

@@ -22,7 +22,8 @@ def model(torch_one_thread: None) -> Any:
 @pytest.fixture(scope="module")
 def pair(model: Any) -> dict[str, bl.BatchingPoint]:
     work = bl.spread_workload(9, seed=3, output=(2, 24))
-    return {name: bl.run_batching(model, work, 3, static=name == "static") for name in ("static", "continuous")}
+    return {name: bl.run_batching(model, work, 3, static=name == "static")
+            for name in ("static", "continuous")}
 
 
 def test_static_batches_run_to_their_longest_request(pair: dict[str, bl.BatchingPoint]) -> None:
@@ -67,7 +68,8 @@ def test_repeats_keep_the_fastest_run(model: Any, monkeypatch: pytest.MonkeyPatc
 
 
 def test_occupancy_counts_empty_slots() -> None:
-    steps = [StepRecord(i, i, i + 1, num_running=n, num_waiting=w) for i, (n, w) in enumerate([(4, 2), (2, 2), (1, 0)])]
+    steps = [StepRecord(i, i, i + 1, num_running=n, num_waiting=w)
+             for i, (n, w) in enumerate([(4, 2), (2, 2), (1, 0)])]
     occ = bl.occupancy(steps, 4)
     assert occ.mean_running == pytest.approx(7 / 3) and occ.idle_share == pytest.approx(1 - 7 / 12)
     assert occ.idle_while_waiting == pytest.approx(1 - 6 / 8)

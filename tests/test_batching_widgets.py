@@ -27,7 +27,8 @@ def test_batching_widget_compares_schedulers(batching: BatchingWidget) -> None:
     first = batching.result
     assert batching.error is None and first is not None and first.label == "continuous"
     assert "H100" in batching.text and batching.plot.value[:4] == b"\x89PNG"
-    assert "me-bat-widget" in batching.widget._dom_classes and "me-bat-scheduler" in batching.scheduler._dom_classes
+    assert ("me-bat-widget" in batching.widget._dom_classes
+            and "me-bat-scheduler" in batching.scheduler._dom_classes)
     png, runs = batching.plot.value, len(batching.history)
     batching.scheduler.value = "static"
     static = batching.result
@@ -45,7 +46,8 @@ def test_batching_widget_bad_rate_is_a_message(batching: BatchingWidget) -> None
     assert batching.result is None and "positive" in batching.error
     assert "me-bat-error" in batching.message.value and batching.plot.layout.display == "none"
     batching.rate.value = 0
-    assert batching.error is None and math.isinf(batching.result.rate) and batching.plot.layout.display is None
+    assert (batching.error is None and math.isinf(batching.result.rate)
+            and batching.plot.layout.display is None)
     with pytest.raises(ValueError):
         check_rate("fast")
 

@@ -153,7 +153,8 @@ def test_stream_request_reports_failures(status, body, expected):
 
 def test_a_stream_closed_after_its_finish_reason_is_complete():
     """transformers serve ends its streams without data: [DONE]; the finish_reason says they are done."""
-    body = 'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "", "finish_reason": "length"}]}\n\n'
+    body = ('data: {"choices": [{"text": "a"}]}\n\n'
+            'data: {"choices": [{"text": "", "finish_reason": "length"}]}\n\n')
 
     async def main():
         transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
@@ -162,7 +163,8 @@ def test_a_stream_closed_after_its_finish_reason_is_complete():
 
     result = asyncio.run(main())
     assert result.error is None and not result.saw_done
-    assert result.text == "a" and result.record.finish_reason == "length" and result.record.num_output_tokens == 1
+    assert (result.text == "a" and result.record.finish_reason == "length"
+            and result.record.num_output_tokens == 1)
 
 
 # ---- against the live server ----

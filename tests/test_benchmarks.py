@@ -42,7 +42,8 @@ def test_decode_floor_smoke(tmp_path: Path) -> None:
 
 
 def test_decode_floor_breakdown_smoke() -> None:
-    # Every variant runs, and every patched part (the model's methods, F.linear, the Linear kernels) is put back.
+    # Every variant runs, and every patched part (the model's methods, F.linear, the Linear kernels) is put
+    # back.
     import torch.nn.functional as F
 
     from benchmarks import decode_floor
@@ -52,8 +53,8 @@ def test_decode_floor_breakdown_smoke() -> None:
               llama.RotaryEmbedding.forward)
     (r,) = decode_floor.main(["--smoke", "--breakdown", "--overhead"])
     assert len(r["breakdown"]) == 8 and all(t > 0 for t in r["breakdown"].values())
-    assert {"RMSNorm as F.rms_norm, not the C++ call (before)", "RoPE as 4 ops, not the C++ call (before)"} <= set(
-        r["breakdown"])
+    assert {"RMSNorm as F.rms_norm, not the C++ call (before)",
+            "RoPE as 4 ops, not the C++ call (before)"} <= set(r["breakdown"])
     assert (F.linear, linear_kernels._gemv, linear_kernels.onednn_linear, llama.RMSNorm.forward,
             llama.RotaryEmbedding.forward) == before
 
@@ -133,7 +134,8 @@ def test_throughput_breakdown_counts_every_matmul_once() -> None:
     # prompts, chunked at 32 tokens: each chunk's queries against its context and itself, causally, in
     # every layer (4 x head_dim FLOPs a pair and query head: q is head_dim x query heads)
     pairs = sum(len(p) * (len(p) + 1) // 2 for p, _ in work)
-    assert parts["SDPA (prompt chunks)"]["work"] == pytest.approx(4 * q * pairs * config.num_hidden_layers, rel=1e-9)
+    assert parts["SDPA (prompt chunks)"]["work"] == pytest.approx(4 * q * pairs * config.num_hidden_layers,
+                                                                  rel=1e-9)
     from minengine.models import cpu_kernels
 
     if cpu_kernels.load():  # every decode row through the kernel, charged its context's K and V once
@@ -153,7 +155,8 @@ def test_throughput_smoke() -> None:
         assert r["output_tok_s"] > 0, name
         # every engine computes the same greedy tokens as HF generate(), one request at a time
         assert r["same_as_hf_sequential"] == 6, name
-        if name.startswith("minengine"):  # where its time went: steps with prompt tokens, then all-decode ones
+        if name.startswith("minengine"):
+            # where its time went: steps with prompt tokens, then all-decode ones
             assert r["prefill_steps"] > 0 and r["decode_steps"] > 0 and r["compiled_steps"] == 0, name
 
 
@@ -259,7 +262,8 @@ def test_client_offset_smoke() -> None:
     from benchmarks import client_offset
 
     result = client_offset.main(["--smoke"])
-    assert result["n"] == len(result["rows_ms"]) == 5 and set(result["medians_ms"]) == set(result["rows_ms"][0])
+    assert (result["n"] == len(result["rows_ms"]) == 5
+            and set(result["medians_ms"]) == set(result["rows_ms"][0]))
     # One clock across the two processes and the right handler stamp for each request: every stage of every
     # request is a step forward in time (the check that can fail on a wrong offset or a mismatched stamp).
     # The sum only guards how the rows are built (stages telescope: none dropped or counted twice).
@@ -308,7 +312,8 @@ def test_llamacpp_builds_only_the_instruction_sets_the_cpu_lists() -> None:
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 switches only")
-    flags = llamacpp.cpu_flags("processor : 0\nflags : fpu avx avx2 fma f16c avx512f avx512_vnni avx512_bf16\n")
+    flags = llamacpp.cpu_flags("processor : 0\n"
+                               "flags : fpu avx avx2 fma f16c avx512f avx512_vnni avx512_bf16\n")
     assert "-DGGML_AVX512_VNNI=ON" in flags and "-DGGML_AVX512_BF16=ON" in flags and "-DGGML_AVX2=ON" in flags
     assert "-DGGML_AVX_VNNI=OFF" in flags and "-DGGML_AVX512_VBMI=OFF" in flags
     assert "-DGGML_NATIVE=OFF" in flags and all(f.endswith("=OFF") for f in flags if "AMX" in f)
@@ -320,10 +325,12 @@ def test_with_tree_runs_a_script_against_another_checkout(tmp_path):
     import subprocess
     import sys
 
-    shutil.copytree(ROOT / "minengine", tmp_path / "minengine", ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    shutil.copytree(ROOT / "minengine", tmp_path / "minengine",
+                    ignore=shutil.ignore_patterns("assets", "__pycache__"))
     probe = tmp_path / "probe.py"
     probe.write_text("import minengine, sys; print('IMPORTED', minengine.__file__, sys.argv[1:])\n")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "with_tree.py"), str(tmp_path), str(probe), "x"],
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "with_tree.py"), str(tmp_path),
+                          str(probe), "x"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"IMPORTED {tmp_path}" in out.stdout and "['x']" in out.stdout
@@ -335,8 +342,9 @@ def test_read_aware_floor_adds_the_reads_to_the_compute_floor() -> None:
 
     from benchmarks import mixed_workload
 
-    config = SimpleNamespace(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=100, tie_word_embeddings=True)
+    config = SimpleNamespace(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                             tie_word_embeddings=True)
     work = mixed_workload.make_workload(5, (4, 20), (2, 9), 100)
     peak = 1e9
     compute = mixed_workload.workload_flops(config, work) / peak

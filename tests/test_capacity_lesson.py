@@ -48,7 +48,8 @@ def test_layouts_and_goodput_per_gpu() -> None:
     assert [n for n, _ in cl.layouts(3)] == ["colocated", "1P:2D", "2P:1D"]
     good = [_record(i, 0.0, 10, 0.05, [0.005] * 4) for i in range(10)]
     bad = [_record(i, 0.0, 10, 2.0, [0.005] * 4) for i in range(10)]  # TTFT 2 s
-    pools = cl.PoolComparison(2, [10.0, 20.0, 40.0], {"colocated": [good, good, bad], "1P:1D": [good, bad, bad]})
+    pools = cl.PoolComparison(2, [10.0, 20.0, 40.0],
+                              {"colocated": [good, good, bad], "1P:1D": [good, bad, bad]})
     g = pools.goodput(500, 10)
     # colocated: meets at 20, misses at 40 -> interpolated between them; the split only at 10
     assert 10 < g["colocated"] < 20 and g["1P:1D"] == pytest.approx(10 / 2 + 5 * 1.0 / 2, rel=0.5)

@@ -23,12 +23,14 @@ def model(torch_one_thread: None) -> Any:
 
 @pytest.fixture(scope="module")
 def runs(model: Any) -> dict[str, cp.Interference]:
-    return {name: cp.interference_run(cp.budget_engine(model, budget, policy, STREAMS), STREAMS, LONG, label=name)
+    return {name: cp.interference_run(cp.budget_engine(model, budget, policy, STREAMS), STREAMS, LONG,
+                                      label=name)
             for name, budget, policy in (("off", None, "decode_first"), ("64", 64, "decode_first"),
                                          ("pf", 64, "prefill_first"))}
 
 
-def test_chunking_off_computes_the_prompt_in_one_step_next_to_the_decodes(runs: dict[str, cp.Interference]) -> None:
+def test_chunking_off_computes_the_prompt_in_one_step_next_to_the_decodes(
+        runs: dict[str, cp.Interference]) -> None:
     off = runs["off"]
     (step,) = off.prefill_steps
     assert step.num_prefill_tokens == LONG and step.num_decode_seqs == STREAMS
@@ -55,7 +57,8 @@ def test_measure_interference_on_known_records() -> None:
     streams = [RequestRecord("s", 0.0, token_times=[1.0, 1.1, 1.2, 1.3, 2.3, 2.4, 2.5])]
     long = RequestRecord("l", 1.25, token_times=[2.3])
     steps = [StepRecord(i, t, t + 0.1) for i, t in enumerate([1.0, 1.1, 1.2])]
-    steps += [StepRecord(3, 1.3, 2.3, num_prefill_tokens=500), StepRecord(4, 2.3, 2.4), StepRecord(5, 2.4, 2.5)]
+    steps += [StepRecord(3, 1.3, 2.3, num_prefill_tokens=500), StepRecord(4, 2.3, 2.4),
+              StepRecord(5, 2.4, 2.5)]
     got = cp.measure_interference("x", streams, long, steps, tail_steps=2)
     assert got.long_ttft == pytest.approx(1.05) and got.window_end == pytest.approx(2.5)
     assert got.spike == pytest.approx(1.0) and got.baseline_itl == pytest.approx(0.1)
@@ -89,7 +92,8 @@ def test_unchunked_gap_while_prefilling_is_the_one_long_step():
 
 
 @pytest.mark.parametrize("overhead_ms", [0.2, 1.0, 5.0, 20.0])
-def test_a_replay_keeps_every_stream_going_however_fast_the_fitted_steps_are(model: Any, overhead_ms: float) -> None:
+def test_a_replay_keeps_every_stream_going_however_fast_the_fitted_steps_are(model: Any,
+                                                                             overhead_ms: float) -> None:
     # Lesson 06 replays its engine runs in a simulator fitted to this machine. A fixed "5 ms a step"
     # guess ran the streams dry once the engine got faster (CI: "a stream finished inside the measured
     # window"); the warm-up and the outputs are now sized from the cost model the replay uses.

@@ -1,4 +1,5 @@
-"""Claim checks (``minengine.course.claims``): what they print, what they record, and that they never raise."""
+"""Claim checks (``minengine.course.claims``): what they print, what they record, and that they never
+raise."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def test_nan_and_arrays_do_not_hold_and_do_not_raise() -> None:
 def test_rerun_replaces_its_entry() -> None:
     claims.check_claim("a", False, "c", "o", quiet=True)
     claims.check_claim("a", True, "c", "o", quiet=True)
-    assert [r.holds for r in claims.results()] == [True] and claims.summary() == "1 of 1 claims held on this run"
+    assert ([r.holds for r in claims.results()] == [True]
+            and claims.summary() == "1 of 1 claims held on this run")
 
 
 def test_a_claim_needs_its_words() -> None:

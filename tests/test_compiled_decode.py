@@ -157,7 +157,8 @@ def test_big_batches_run_compiled_too(hf_model_dir) -> None:
 def test_prepacked_weights_leave_batched_steps_to_the_eager_path(hf_model_dir, eager_llm) -> None:
     """With oneDNN on prepacked weights, the graph (which takes the ordinary weights) runs batch-1 steps
     only; batched decodes run eagerly on the packed ones. Same tokens either way; one graph compiled."""
-    llm = LLM(hf_model_dir("llama"), compile_decode=True, **dict(COMMON, linear_kernel="onednn", prepack_weights=True))
+    llm = LLM(hf_model_dir("llama"), compile_decode=True,
+              **dict(COMMON, linear_kernel="onednn", prepack_weights=True))
     compiled = llm.llm_engine.model_runner.compiled_decode
     assert llm.llm_engine.linear_kernel.prepacked and compiled.max_batch == 1 and compiled.disabled is None
     prompts = _prompts(3, seed=5)
@@ -178,7 +179,8 @@ def test_steps_that_are_mostly_padding_run_eagerly(compiled_llm) -> None:
                              compile_fn=lambda fn: fn, cpp_attention=False)
 
     def step(*contexts: int):
-        return SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=1, sample=True, start=n - 1) for n in contexts])
+        return SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=1, sample=True, start=n - 1)
+                                          for n in contexts])
 
     assert without.can_run(step(100, 60, 90))  # 300 padded positions for 250 real ones
     assert not without.can_run(step(100, 10, 10, 10))  # 400 for 130: the eager groups waste less
@@ -186,7 +188,8 @@ def test_steps_that_are_mostly_padding_run_eagerly(compiled_llm) -> None:
     # the kernel reads each row's own blocks: nothing is padded, every all-decode step runs compiled
     assert with_kernel.cpp_attention
     assert with_kernel.can_run(step(100, 10, 10, 10)) and with_kernel.can_run(step(1 << 17, 1 << 17, 1 << 17))
-    assert not with_kernel.can_run(SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=2, sample=True, start=3)]))
+    assert not with_kernel.can_run(
+        SimpleNamespace(scheduled=[SimpleNamespace(num_tokens=2, sample=True, start=3)]))
 
 
 def test_the_graph_without_the_kernel_gives_the_same_tokens(hf_model_dir, eager_llm) -> None:
@@ -210,7 +213,8 @@ def test_a_failed_compile_warns_and_runs_eagerly(hf_model_dir, eager_llm) -> Non
 
     llm = LLM(hf_model_dir("llama"), **COMMON)
     engine = llm.llm_engine
-    compiled = CompiledDecode(engine.model, engine.kv_cache.kv_caches, engine.kv_cache.block_size, compile_fn=broken)
+    compiled = CompiledDecode(engine.model, engine.kv_cache.kv_caches, engine.kv_cache.block_size,
+                              compile_fn=broken)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         compiled.warmup(free_block=0)
     engine.model_runner.compiled_decode = compiled

@@ -27,7 +27,8 @@ def engines(torch_one_thread: None) -> dict[str, Any]:
 @pytest.fixture
 def widget(engines: dict[str, Any]) -> TwoPhasesWidget:
     profile = device_profile(headless=True, device="cpu")
-    w = TwoPhasesWidget(prompt_len=40, output_len=5, batch=2, profile=profile, llm_factory=engines.__getitem__)
+    w = TwoPhasesWidget(prompt_len=40, output_len=5, batch=2, profile=profile,
+                        llm_factory=engines.__getitem__)
     w.threads.value = 1  # tiny models: one thread is fastest, and robust on a busy machine
     return w
 

@@ -95,6 +95,7 @@ def test_llm_generate_runs_its_steps_with_the_callers_heap_frozen(monkeypatch: p
         return step()
 
     monkeypatch.setattr(engine, "step", watched_step)
-    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0), use_tqdm=False)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0),
+                       use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     assert seen and min(seen) > 0 and gc.get_freeze_count() == 0

@@ -226,7 +226,8 @@ def test_second_load_reuses_the_cache_and_a_changed_file_gets_a_new_one(tmp_path
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".converting-")]
 
 
-def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_cache(tmp_path, monkeypatch, capsys):
+def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_cache(tmp_path, monkeypatch,
+                                                                                     capsys):
     """make setup converts the packaged model into the environment (a hub's one venv) for every user; a
     file only one user loads goes to that user's cache; a read-only environment says so, never half-writes."""
     from minengine.models import gguf_cache
@@ -263,7 +264,8 @@ def test_a_conversion_for_everyone_is_found_first_and_users_convert_into_their_c
     assert resolve_model_path(other).parent == mine  # an ordinary load converts into the user's cache
 
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: real_access(p, mode) and not str(p).startswith(str(env)))
     third = tmp_path / "third.gguf"
     write_gguf(build_hf_model("llama"), third)
     with pytest.raises(ModelLoadError, match="cannot write the converted model"):

@@ -36,7 +36,8 @@ SECONDS_PER_SUBMISSION["lab2_batching_scheduler"] = 40  # hypothesis, the tiny m
 
 def needs(*assignments: str) -> pytest.MarkDecorator:
     """Skip a test about these assignments' fixtures when GRADING_ONLY leaves them out."""
-    return pytest.mark.skipif(not set(assignments) <= set(SOURCES), reason=f"GRADING_ONLY omits {assignments}")
+    return pytest.mark.skipif(not set(assignments) <= set(SOURCES),
+                              reason=f"GRADING_ONLY omits {assignments}")
 TIMEOUT = 15  # seconds per cell: short, so the planted infinite loops cost little (torch imports in ~3 s)
 SEED = 2026  # the course seed of the module's course directory (another seed is tested on its own)
 PLANTED = [(a, p.stem) for a in SOURCES for p in sorted((FIXTURES / a).glob("*.txt"))]
@@ -133,7 +134,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     expected_lost: dict[tuple[str, str], set[str]] = {}
     for assignment in SOURCES:
         # The source as rendered for this course's seed (its keys and numbers), markers and all.
-        source_nb, release_nb = notebook_of(course_dir / "source" / assignment), notebook_of(released[assignment])
+        source_nb, release_nb = (notebook_of(course_dir / "source" / assignment),
+                                 notebook_of(released[assignment]))
         points = graded_cells(source_nb)
         grading.submit("solution", [source_nb], course_dir)
         expected_lost[assignment, "solution"] = set()
@@ -379,7 +381,8 @@ def test_reference_calls_are_found_however_they_are_reached() -> None:
     assert reference_calls(own) == []
     require_own_code(own, part="part 1")
     for fn in (imports_inside, via_helper, sneaky, kvcalc.kv_bytes_per_token,
-               functools.partial(kvcalc.kv_bytes_per_token, kv_cache_dtype="bf16"), lambda c: kvcalc.estimate(c)):
+               functools.partial(kvcalc.kv_bytes_per_token, kv_cache_dtype="bf16"),
+               lambda c: kvcalc.estimate(c)):
         assert reference_calls(fn), fn
         with pytest.raises(AssertionError, match="write it yourself"):
             require_own_code(fn, part="part 1")

@@ -83,8 +83,8 @@ def test_the_installed_package_holds_no_answer_material() -> None:
     """No key, salt or hidden case in anything a student kernel can import."""
     package = ROOT / "minengine"
     text = "\n".join(p.read_text() for p in package.rglob("*.py"))
-    for pattern in (r"SALT\s*=", r"(choice|number|answer)_digest", r"hidden_cases", r"ANSWER_KEY", r"_lab1_models",
-                    r"lab1_check_"):
+    for pattern in (r"SALT\s*=", r"(choice|number|answer)_digest", r"hidden_cases", r"ANSWER_KEY",
+                    r"_lab1_models", r"lab1_check_"):
         assert not re.search(pattern, text), pattern
     assert not list(package.rglob("params.py")), "an assignment's key maker must not be installed"
 
@@ -149,8 +149,8 @@ def test_make_grade_grades_your_own_notebook_with_feedback(tmp_path: Path, capsy
     mine = nbformat.read(notebook_of(release), as_version=4)
     for cell in mine.cells:
         if meta(cell).get("grade_id") in solutions:
-            cell.source = re.sub(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", "", solutions[meta(cell)["grade_id"]],
-                                 flags=re.M)
+            cell.source = re.sub(r"^\s*### (BEGIN|END) SOLUTION\s*$\n?", "",
+                                 solutions[meta(cell)["grade_id"]], flags=re.M)
     path = tmp_path / "workspace" / notebook_of(release).name
     path.parent.mkdir()
     nbformat.write(mine, path)

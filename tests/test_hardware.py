@@ -11,7 +11,8 @@ from minengine.perf.hardware import GiB
 
 
 def test_required_accelerators_present() -> None:
-    for key in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l4", "l40s", "rtx-4090", "mi300x"):
+    for key in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l4", "l40s", "rtx-4090",
+                "mi300x"):
         acc = ACCELERATORS[key]
         assert acc.key == key and acc.source and acc.bf16_tflops > 0 and acc.bandwidth_bytes_per_s > 0
         assert acc.memory_bytes >= 24 * GiB

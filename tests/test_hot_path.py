@@ -17,9 +17,9 @@ from minengine.models.loader import build_random_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-_SMALL = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=128, max_position_embeddings=128, attention_bias=True,
-              tie_word_embeddings=False)
+_SMALL = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
+              attention_bias=True, tie_word_embeddings=False)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -34,7 +34,8 @@ def test_state_dict_has_exactly_the_checkpoints_names_and_values(hf_model_dir, f
         assert torch.equal(mine[name], value), name
     layer = ours.model.layers[0]
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")  # fused for real
-    assert isinstance(layer.self_attn.qkv_proj, torch.nn.Linear) and isinstance(layer.mlp.gate_up_proj, torch.nn.Linear)
+    assert (isinstance(layer.self_attn.qkv_proj, torch.nn.Linear)
+            and isinstance(layer.mlp.gate_up_proj, torch.nn.Linear))
 
 
 def test_state_dict_round_trips_and_fused_rows_are_q_k_v_in_order():
@@ -47,7 +48,8 @@ def test_state_dict_round_trips_and_fused_rows_are_q_k_v_in_order():
     sd = a.state_dict()
     rows = torch.cat([sd[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
     assert torch.equal(rows, attn.qkv_proj.weight)
-    assert torch.equal(torch.cat([sd[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]), attn.qkv_proj.bias)
+    assert torch.equal(torch.cat([sd[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]),
+                       attn.qkv_proj.bias)
 
 
 def test_an_incomplete_set_of_parts_is_reported_by_its_checkpoint_names():
@@ -182,7 +184,8 @@ def test_a_lone_decode_skips_the_scatter_and_gives_the_same_output():
     ids, meta, caches = _decode_once(model, context=20)
     assert isinstance(meta_groups(meta, model)[0].rows, slice)
     with torch.inference_mode():
-        alone = model.compute_logits(model(ids, meta.positions(), meta, [(k.clone(), v.clone()) for k, v in caches]))
+        alone = model.compute_logits(model(ids, meta.positions(), meta,
+                                           [(k.clone(), v.clone()) for k, v in caches]))
         # the same decode second in a batch after a 3-token prefill of another sequence
         pair = AttentionMetadata.build([3, 1], [3, 21], [[5], [3, 1]], 16)
         both = model.compute_logits(model(torch.tensor([9, 8, 7, 7]), pair.positions(), pair, caches))

@@ -94,8 +94,8 @@ def released(hub: Hub) -> dict[str, Any]:
     outbound = hub.exchange / COURSE_ID / "outbound" / LAB
     assert (outbound / f"{LAB}.ipynb").is_file()
     assert not (outbound / "params.py").exists()  # the key maker stays with the instructor
-    return {"source": course / "source" / LAB / f"{LAB}.ipynb", "release": course / "release" / LAB / f"{LAB}.ipynb",
-            "submitted": set()}
+    return {"source": course / "source" / LAB / f"{LAB}.ipynb",
+            "release": course / "release" / LAB / f"{LAB}.ipynb", "submitted": set()}
 
 
 def answers(kind: str, released: dict[str, Any]) -> nbformat.NotebookNode:
@@ -128,7 +128,8 @@ def assignment_list(hub: Hub, student: str) -> list[dict]:
 
 def action(hub: Hub, student: str, what: str) -> list[dict]:
     """Fetch, submit or fetch_feedback, as the assignment list's buttons do."""
-    r = hub.server(student, "POST", f"/assignments/{what}", data={"course_id": COURSE_ID, "assignment_id": LAB})
+    r = hub.server(student, "POST", f"/assignments/{what}",
+                   data={"course_id": COURSE_ID, "assignment_id": LAB})
     r.raise_for_status()
     body = r.json()
     assert body["success"], f"{what} for {student}: {body}"
@@ -196,7 +197,8 @@ def test_students_load_the_cpu_kernels_built_into_the_course_environment(hub: Hu
 
     folder = cpu_kernels.build_folder()
     if folder is None or not folder.is_relative_to(Path(sys.prefix)):
-        pytest.skip(f"the kernels are not built into the course's environment here ({folder or cpu_kernels.build_error()})")
+        pytest.skip("the kernels are not built into the course's environment here "
+                    f"({folder or cpu_kernels.build_error()})")
     student = next(iter(STUDENTS))
     done = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c",
                       "from minengine.models import cpu_kernels as k; print(k.load(), k.build_folder())")
@@ -225,7 +227,8 @@ def test_students_load_smollm2_converted_into_the_course_environment(hub: Hub) -
         pytest.skip(f"SmolLM2 is not converted into the course's environment here (make models): {folder}")
     student = next(iter(STUDENTS))
     done = hub.run_as(student, "student", str(VENV_BIN / "python"), "-c",
-                      "from minengine.models import resolve_model_path; print(resolve_model_path('smollm2-135m'))")
+                      "from minengine.models import resolve_model_path; "
+                      "print(resolve_model_path('smollm2-135m'))")
     assert done.stdout.strip() == str(folder), done.stdout + done.stderr
     assert not (hub.home(student) / ".cache" / "minengine" / "gguf").exists()
 
@@ -240,7 +243,8 @@ def test_one_student_fetches_and_submits_in_the_browser(hub: Hub, released: dict
 
 
 @pytest.mark.browser
-def test_only_the_instructor_sees_create_assignment_and_formgrader(hub: Hub, released: dict[str, Any]) -> None:
+def test_only_the_instructor_sees_create_assignment_and_formgrader(hub: Hub,
+                                                                   released: dict[str, Any]) -> None:
     from hub_browser import instructor_tools_in_browser
 
     seen = instructor_tools_in_browser(hub, INSTRUCTOR, next(iter(STUDENTS)), LAB)
@@ -286,7 +290,8 @@ def test_a_class_round_trip_through_the_exchange(hub: Hub, released: dict[str, A
 
 
 @pytest.mark.hub_load
-@pytest.mark.skipif(not LOAD, reason="the 30-student load test runs under `make test-hub` (MINENGINE_HUB_LOAD=1)")
+@pytest.mark.skipif(not LOAD,
+                    reason="the 30-student load test runs under `make test-hub` (MINENGINE_HUB_LOAD=1)")
 # Its own waits (spawn 600 s, autograde 900 s) outlast pyproject's 900 s a test: on 2 shared cores at load
 # 4-11 it took 809 s (2026-12-04), so the suite's limit would cut a slower day's run short.
 @pytest.mark.timeout(1800)

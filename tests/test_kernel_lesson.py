@@ -127,7 +127,8 @@ def test_blas_line_names_the_libraries() -> None:
 
 def test_cpu_name_tells_generations_behind_one_marketing_name_apart() -> None:
     # a VM's bare "AMD EPYC": Zen 4 (family 25) and Zen 5 (family 26) differ 2x in matmul peak
-    zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+    zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+            "model name\t: AMD EPYC\n"
             "\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
     assert kl.cpu_name(zen5) == "AMD EPYC (family 26, model 2)"  # the first processor's block
     assert kl.cpu_name("model name\t: Some CPU\n") == "Some CPU"  # no family given: the name alone

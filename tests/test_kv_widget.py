@@ -63,7 +63,8 @@ def test_memory_bar_shows_weights_and_kv(widget: KVCalculatorWidget) -> None:
 
 def test_bad_input_shows_message_and_recovers(widget: KVCalculatorWidget) -> None:
     widget.config.value = "/no/such/config.json"
-    assert widget.error and "no such config file" in widget.message.value and "me-kv-error" in widget.message.value
+    assert (widget.error and "no such config file" in widget.message.value
+            and "me-kv-error" in widget.message.value)
     # the previous answer must not stay on screen under the error, as if it answered the bad input
     assert all(part.layout.display == "none" for part in (widget.summary, widget.plot, widget.table))
     widget.config.value = ""

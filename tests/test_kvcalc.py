@@ -303,8 +303,8 @@ def test_cli_help_lists_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_subprocess_and_no_torch() -> None:
-    run = subprocess.run([sys.executable, "-m", "minengine", "kv", "--model", "llama-3.1-8b", "--context", "8K",
-                          "--gpu", "h100"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "minengine", "kv", "--model", "llama-3.1-8b", "--context",
+                          "8K", "--gpu", "h100"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "128.0 KiB" in run.stdout
     bad = subprocess.run([sys.executable, "-m", "minengine", "kv", "--model", "llama-3.1-8b", "--tp", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -329,7 +329,8 @@ def test_every_function_accepts_any_model_description(tmp_path: Path) -> None:
         assert kv_bytes_per_batch(model, 100, 3) == 3 * 100 * 131_072
         assert kvcalc.kv_heads_per_rank(model, 2) == 4
         assert kvcalc.weight_bytes(model) == 2 * 8_030_261_248
-        assert estimate(model, 4096, gpu="h100").num_gpu_blocks == estimate(spec, 4096, gpu="h100").num_gpu_blocks
+        assert (estimate(model, 4096, gpu="h100").num_gpu_blocks
+                == estimate(spec, 4096, gpu="h100").num_gpu_blocks)
 
 
 @pytest.mark.parametrize("bad", [42, 3.5, None, [1, 2], object()])

@@ -85,7 +85,8 @@ def test_the_learners_server_chats_on_the_model_the_switch_picks(answer_served: 
     assert expected == (sg.SMOL if not switch else sg.TINY)  # make installs SmolLM2 (test_lesson_model)
     printed = run_section()
     assert f"your server serves {expected}" in printed, printed
-    match = re.search(rf"\n\n\({re.escape(expected)} through your server: first text after (\d+) ms, (\d+) pieces",
+    match = re.search(rf"\n\n\({re.escape(expected)} through your server: first text after (\d+) ms, "
+                      r"(\d+) pieces",
                       printed)
     assert match and int(match.group(2)) >= 5, printed
     # what streamed is the greedy answer the same server gives without streaming

@@ -43,7 +43,8 @@ def test_changes_update_text_plot_and_history(widget: LatencyWidget) -> None:
 
 
 @pytest.mark.parametrize("bad, words", [(0, "positive"), (-5, "positive"), (1e9, "beyond any single GPU")])
-def test_bad_rate_shows_a_friendly_message_and_recovers(widget: LatencyWidget, bad: float, words: str) -> None:
+def test_bad_rate_shows_a_friendly_message_and_recovers(widget: LatencyWidget, bad: float,
+                                                        words: str) -> None:
     widget.rate.value = bad
     assert widget.result is None and words in widget.error
     assert "me-lat-error" in widget.message.value and "Traceback" not in widget.message.value

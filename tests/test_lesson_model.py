@@ -18,7 +18,8 @@ def test_lesson_choice_holds_without_the_switch(monkeypatch):
 
 
 @pytest.mark.parametrize(("value", "expected"), [("tiny", lu.TINY_MODEL), ("TINY", lu.TINY_MODEL),
-                                                 ("real", lu.REAL_MODEL), ("/data/my-model", "/data/my-model")])
+                                                 ("real", lu.REAL_MODEL),
+                                                 ("/data/my-model", "/data/my-model")])
 def test_switch_overrides_every_lesson(monkeypatch, value, expected):
     monkeypatch.setenv(lu.LESSON_MODEL_ENV, value)
     monkeypatch.setattr(lesson_model_module, "real_model_installed", lambda: True)

@@ -83,7 +83,8 @@ def failed_claims(nb: nbformat.NotebookNode) -> list[str]:
                 "text/plain", "")
             text = "".join(text) if isinstance(text, list) else text
             lines = text.splitlines()
-            found += ["\n".join(lines[i:i + 2]) for i, line in enumerate(lines) if line.startswith(FAILED_MARKER)]
+            found += ["\n".join(lines[i:i + 2]) for i, line in enumerate(lines)
+                      if line.startswith(FAILED_MARKER)]
     return found
 
 

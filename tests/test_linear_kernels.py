@@ -30,7 +30,8 @@ def test_apply_swaps_the_class_and_keeps_every_parameter() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids = {id(p) for p in model.parameters()}
     assert linear_kernels.apply(model, "onednn") == 9  # 2 layers x (qkv, o, gate_up, down) + lm_head
-    assert all(isinstance(m, linear_kernels.KernelLinear) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert all(isinstance(m, linear_kernels.KernelLinear) for m in model.modules()
+               if isinstance(m, torch.nn.Linear))
     assert {id(p) for p in model.parameters()} == ids
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     after = model.state_dict()
@@ -55,7 +56,8 @@ def test_kernels_give_f_linear_results(rows: int, bias: bool, one_row: str) -> N
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
         if rows == 1:  # the GEMV keeps any leading shape
-            torch.testing.assert_close(layer(x.view(1, 1, 100)), expected.view(1, 1, 40), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(layer(x.view(1, 1, 100)), expected.view(1, 1, 40), rtol=1e-5,
+                                       atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [7, 130])
@@ -120,7 +122,8 @@ def test_the_rule_switches_only_for_a_clear_win() -> None:
     assert choice.one_row in linear_kernels.ONE_ROW_KERNELS and choice.many_rows in linear_kernels.KERNELS
     assert {"torch@1", "onednn@1", "gemv@1", f"torch@{many}", f"onednn@{many}"} == set(choice.times)
     assert "linear layers:" in choice.describe()
-    assert linear_kernels.choose(build_random_model(CFG, device="cpu", dtype=torch.bfloat16, seed=0)).kernel == "torch"
+    assert linear_kernels.choose(
+        build_random_model(CFG, device="cpu", dtype=torch.bfloat16, seed=0)).kernel == "torch"
 
 
 
@@ -193,13 +196,15 @@ def test_a_user_who_cannot_write_beside_the_build_keeps_timings_in_their_cache(t
     mine = tmp_path / "xdg" / "minengine" / "kernels" / build.name / cpu_kernels.TIMINGS_FILE
     assert linear_kernels._timings_paths() == [beside, mine]
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and not str(p).startswith(str(build)))
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: real_access(p, mode) and not str(p).startswith(str(build)))
     shape = (384, 96)
     try:
         linear_kernels._choose_for.cache_clear()
         first = linear_kernels._choose_for(shape, 1)
         assert not beside.exists() and json.loads(mine.read_text()) == {"384x96@1": first.times}
-        monkeypatch.setattr(linear_kernels, "_fastest_times", lambda calls, rounds=7: pytest.fail("timed again"))
+        monkeypatch.setattr(linear_kernels, "_fastest_times",
+                            lambda calls, rounds=7: pytest.fail("timed again"))
         linear_kernels._choose_for.cache_clear()
         assert linear_kernels._choose_for(shape, 1) == first  # the next process reads the user's file
         shared = {k: 2.0 for k in first.times}
@@ -236,7 +241,8 @@ def test_prepacking_by_default_only_where_the_copy_fits(hf_model_dir, monkeypatc
     assert not choice.prepacked and "weights not prepacked" in choice.describe()
     assert small.llm_engine.model.lm_head.packed is None
     insisted = LLM(hf_model_dir("llama"), linear_kernel="onednn", prepack_weights=True, max_model_len=64)
-    assert insisted.llm_engine.linear_kernel.prepacked and insisted.llm_engine.model.lm_head.packed is not None
+    assert (insisted.llm_engine.linear_kernel.prepacked
+            and insisted.llm_engine.model.lm_head.packed is not None)
 
 
 def test_available_memory_counts_a_cgroup_limit(tmp_path) -> None:
@@ -281,7 +287,9 @@ def test_engine_tokens_are_the_same_with_either_library(hf_model_dir, torch_one_
         assert choice.kernel == kernel and choice.prepacked == (kernel == "onednn" and prepack is None)
         lm_head = llm.llm_engine.model.lm_head
         assert (lm_head.packed is not None) == choice.prepacked
-        outs[kernel, prepack] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs[kernel, prepack] = [o.outputs[0].token_ids
+                                 for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs["onednn", None] == outs["onednn", False] == outs["torch", None]
     timed = LLM(hf_model_dir(family), **common)  # whatever this machine picks, the GEMV included
-    assert [o.outputs[0].token_ids for o in timed.generate(prompts, params, use_tqdm=False)] == outs["torch", None]
+    assert [o.outputs[0].token_ids
+            for o in timed.generate(prompts, params, use_tqdm=False)] == outs["torch", None]

@@ -227,7 +227,8 @@ def test_corrupt_weights_file(tmp_path, hf_model_dir):
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [(None, torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16),
-     ("float16", torch.float16), ("fp16", torch.float16), (torch.float16, torch.float16), ("auto", torch.bfloat16)],
+     ("float16", torch.float16), ("fp16", torch.float16), (torch.float16, torch.float16),
+     ("auto", torch.bfloat16)],
 )  # fmt: skip
 def test_dtype_names(spec, expected):
     from minengine.models import ModelConfig
@@ -292,7 +293,8 @@ def test_engine_start_up_skips_dynamo_and_autoconfig():
     code = ("import sys; from minengine import LLM; llm = LLM('tinystories-4m'); "
             "llm.generate(['Once upon a time'], use_tqdm=False); "
             "print(sorted(m for m in ('torch._dynamo', 'torch.distributed.tensor') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 def test_shipped_model_is_the_default():

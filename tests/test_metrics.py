@@ -69,7 +69,8 @@ def requests():
 
 @pytest.fixture
 def steps():
-    # step: (start, end, prefill, decode, kv used of 10, schedule/prepare/forward/sample, queries, hits, preempted)
+    # step: (start, end, prefill, decode, kv used of 10, schedule/prepare/forward/sample, queries, hits,
+    # preempted)
     rows = [
         (0.0, 0.1, 10, 0, 2, (0.01, 0.02, 0.05, 0.01), 10, 0, 0),
         (0.1, 0.3, 20, 1, 5, (0.01, 0.02, 0.15, 0.01), 20, 16, 1),

@@ -226,8 +226,9 @@ _SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_h
     ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 24}, [None] * 4),  # off
     ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 24,
       "use_sliding_window": True, "max_window_layers": 2}, [None, None, 24, 24]),
-    ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "sliding_window": 24, "use_sliding_window": True,
-      "layer_types": ["full_attention", "sliding_attention"] * 2}, [None, 24, None, 24]),
+    ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "sliding_window": 24,
+      "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"] * 2},
+     [None, 24, None, 24]),
     ({"model_type": "qwen3", "sliding_window": 24, "use_sliding_window": False}, [None] * 4),
 ])  # fmt: skip
 def test_model_config_and_kv_calculator_read_the_same_windows_and_dtype(extra, windows) -> None:
@@ -235,10 +236,12 @@ def test_model_config_and_kv_calculator_read_the_same_windows_and_dtype(extra, w
 
     cfg = {**_SMALL, **extra, "torch_dtype": "torch.bfloat16"}
     mc = ModelConfig.from_hf(cfg)
-    assert [mc.layer_sliding_window(i) for i in range(4)] == list(from_hf_config(cfg).layer_windows) == windows
+    assert ([mc.layer_sliding_window(i) for i in range(4)] == list(from_hf_config(cfg).layer_windows)
+            == windows)
     assert mc.sliding_window == max((w for w in windows if w), default=None)
     assert mc.torch_dtype == "bfloat16" and from_hf_config(cfg).dtype == "bf16"
-    wrapped = ModelConfig.from_hf({"architectures": cfg.get("architectures"), "model_type": "x", "text_config": cfg})
+    wrapped = ModelConfig.from_hf({"architectures": cfg.get("architectures"), "model_type": "x",
+                                   "text_config": cfg})
     assert wrapped.layer_types == mc.layer_types and wrapped.hidden_size == 64  # text_config flattened
 
 
@@ -249,7 +252,8 @@ def test_random_model_builder_and_thread_helper() -> None:
     a = build_random_model({**_SMALL, "architectures": ["LlamaForCausalLM"]}, device="cpu", seed=1)
     b = build_random_model(a.config, device="cpu", seed=1)
     assert a.dtype == torch.float32 and not any(p.requires_grad for p in a.parameters())
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert all(torch.equal(x, y)
+               for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     before = torch.get_num_threads()
     with torch_threads(before + 1):
         assert torch.get_num_threads() == before + 1

@@ -15,8 +15,9 @@ from minengine.models.loader import build_random_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-_TINY = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
+_TINY = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+             num_attention_heads=2, num_key_value_heads=1, vocab_size=512, max_position_embeddings=1024,
+             tie_word_embeddings=True)
 
 
 class CountingList(list):
@@ -70,7 +71,8 @@ def test_a_step_touches_a_constant_number_of_tokens(model, kind):
     # a decode reads its newest token for the forward and the detokenizer: ~2 per request per step; the one
     # final copy of each output (FINAL_ONLY) adds 3 x 280 / 280 steps = 3 per step at most
     assert per_step <= 3 * 2 + (3 if kind is RequestOutputKind.FINAL_ONLY else 0), per_step
-    assert all(len(o.outputs[0].token_ids) == (320 if kind is RequestOutputKind.FINAL_ONLY else 1) for o in final)
+    assert all(len(o.outputs[0].token_ids) == (320 if kind is RequestOutputKind.FINAL_ONLY else 1)
+               for o in final)
 
 
 def test_cumulative_outputs_do_copy_everything(model):

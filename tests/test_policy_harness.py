@@ -27,7 +27,8 @@ LIMITS = dict(max_num_batched_tokens=16, max_num_seqs=2, num_blocks=12, block_si
 FAMILY = {"name": "t", "model": "llama-3.1-8b", "gpu": "h100",
           "engine": {"max_model_len": 8192, "max_num_batched_tokens": 512, "max_num_seqs": 16},
           "slo": {"ttft": 500.0, "tpot": 30.0}, "num_requests": 40, "rate": 20.0, "burstiness": 0.5,
-          "prompt": ["lognormal", 400, 1.0, 3000], "max_tokens": [64, 256], "output_fraction": [0.1, 1.0], "seed": 3}
+          "prompt": ["lognormal", 400, 1.0, 3000], "max_tokens": [64, 256], "output_fraction": [0.1, 1.0],
+          "seed": 3}
 
 
 class Chunked(DecodeFirstPolicy):
@@ -49,7 +50,8 @@ class OverBudget(DecodeFirstPolicy):
 
 class ShortestFirst(SchedulingPolicy):
     def order(self, running, waiting):
-        return list(running) + sorted(waiting, key=lambda r: r.num_prompt_tokens + r.sampling_params.max_tokens)
+        return list(running) + sorted(waiting,
+                                      key=lambda r: r.num_prompt_tokens + r.sampling_params.max_tokens)
 
 
 class Peeker(SchedulingPolicy):
@@ -94,7 +96,8 @@ def test_simulated_requests_hide_their_true_length_behind_max_tokens() -> None:
 
     class Spy(DecodeFirstPolicy):
         def order(self, running, waiting):
-            seen.extend((r.sampling_params.max_tokens, r.sampling_params.ignore_eos) for r in [*running, *waiting])
+            seen.extend((r.sampling_params.max_tokens, r.sampling_params.ignore_eos)
+                        for r in [*running, *waiting])
             return super().order(running, waiting)
 
     Simulator("llama-3.1-8b", "h100", policy=Spy()).run(specs)
@@ -176,7 +179,8 @@ def test_simulate_scores_goodput_and_the_cache_reuses_a_run() -> None:
     got = ps.simulate(ShortestFirst, FAMILY)
     assert 0 < got["slo_attainment"] <= 1 and got["goodput"] > 0
     assert ps.simulate_cached(ShortestFirst, FAMILY) == got
-    scored = {"family": FAMILY, "goodput": {"prefill_first": 0.5 * got["goodput"], "decode_first": got["goodput"],
+    scored = {"family": FAMILY,
+              "goodput": {"prefill_first": 0.5 * got["goodput"], "decode_first": got["goodput"],
                                             "reference": 2 * got["goodput"]}}
     figures: dict = {}
     ps.expect_beats(ShortestFirst, [scored], "prefill_first", figures)
@@ -231,7 +235,8 @@ def test_results_json_while_autograding_and_the_leaderboard(tmp_path, monkeypatc
             figures["ratio_to_reference"] = ratio
             raise ph.PolicyFailure("too slow")
     data = json.loads((folder / ph.RESULTS_FILE).read_text())
-    assert data["parts"]["quality_bursty"] == {"passed": False, "message": "too slow", "ratio_to_reference": 1.1}
+    assert data["parts"]["quality_bursty"] == {"passed": False, "message": "too slow",
+                                               "ratio_to_reference": 1.1}
     rows = ps.leaderboard(tmp_path / "course")
     assert [r["student"] for r in rows] == ["bob", "alice"] and rows[0]["properties_passed"] == 1
     assert ps.main(["leaderboard", str(tmp_path / "course"), "--csv", str(tmp_path / "board.csv")]) == 0

@@ -35,7 +35,8 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = _names(pip_section)
-    assert listed == wanted, f"only in environment.yml: {listed - wanted}; only in pyproject: {wanted - listed}"
+    assert listed == wanted, (f"only in environment.yml: {listed - wanted}; only in pyproject: "
+                              f"{wanted - listed}")
 
 
 def test_ci_runs_the_readme_test_command():

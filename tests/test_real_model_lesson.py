@@ -1,5 +1,6 @@
 """The real-model helpers of lessons 00 and 07: chat prompts through each model's template, a streamed reply's
-timings, the two-model comparison, and lesson 07's real system prompt (its hits, and the date that breaks them)."""
+timings, the two-model comparison, and lesson 07's real system prompt (its hits, and the date that breaks
+them)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def test_a_date_at_the_front_breaks_the_chain_in_an_early_block(real_tok):
         return f"Current date and time: 2025-03-14 10:31:{i:02d}.\n"
 
     q = pl.SUPPORT_QUESTIONS[0]
-    front = [real_tok.encode(rl.chat_prompt(real_tok, q, system=dated(i) + pl.ASSISTANT_SYSTEM)) for i in (0, 1)]
+    front = [real_tok.encode(rl.chat_prompt(real_tok, q, system=dated(i) + pl.ASSISTANT_SYSTEM))
+             for i in (0, 1)]
     back = [real_tok.encode(rl.chat_prompt(real_tok, q, system=pl.ASSISTANT_SYSTEM + "\n\n" + dated(i)))
             for i in (0, 1)]
     assert pl.expected_hit_tokens(*front, 16) <= 32

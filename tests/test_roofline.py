@@ -32,7 +32,8 @@ def test_batch1_decode_is_weight_bytes_over_bandwidth() -> None:
     assert cost.bound == "memory"
     weights_s = cm.model.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s
     assert cost.time == pytest.approx(weights_s, rel=0.025)  # the embedding rows are gathered, not streamed
-    assert cost.time == pytest.approx(cost.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s, rel=0.01)
+    assert cost.time == pytest.approx(cost.weight_bytes / get_accelerator("h100").bandwidth_bytes_per_s,
+                                      rel=0.01)
     assert cost.time == pytest.approx(4.2e-3, rel=0.07)  # 13.2 GB streamed (13.5 GB less the embedding)
     # Doubling the FLOPs of the chip does not move it; doubling the bandwidth halves it.
     faster = get_accelerator("h100")
@@ -190,7 +191,8 @@ def test_model_shape_and_cost_model_accept_any_model_description(tmp_path) -> No
     ref = ModelShape.from_model("llama-3.1-8b")
     fields = ("num_params", "num_layers", "kv_bytes_per_token", "body_flop_params", "lm_head_params",
               "weight_bytes", "max_position_embeddings")
-    for model in (cfg, tmp_path, tmp_path / "config.json", str(tmp_path / "config.json"), "meta-llama/Llama-3.1-8B"):
+    for model in (cfg, tmp_path, tmp_path / "config.json", str(tmp_path / "config.json"),
+                  "meta-llama/Llama-3.1-8B"):
         shape = ModelShape.from_model(model)
         assert [getattr(shape, f) for f in fields] == [getattr(ref, f) for f in fields], model
         expected = CostModel.create("llama-3.1-8b", "h100").decode_cost(8, 1024).time

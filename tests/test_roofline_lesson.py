@@ -47,8 +47,8 @@ def test_critical_batch_from_the_weights_is_the_ridge_in_bf16() -> None:
     assert bstar == pytest.approx(cm.ridge_point, rel=0.02)
     # at B*, the weights-only FLOPs take as long as the weight bytes
     at = cm.decode_cost(round(bstar), 4096)
-    assert at.linear_flops / cm.peak_flops == pytest.approx(at.weight_bytes / cm.accelerator.bandwidth_bytes_per_s,
-                                                            rel=0.02)
+    assert at.linear_flops / cm.peak_flops == pytest.approx(
+        at.weight_bytes / cm.accelerator.bandwidth_bytes_per_s, rel=0.02)
     # fp8 weights on an H100: half the bytes, twice the peak -> the same B*
     fp8 = rl.ideal(CostModel.create("llama-3.1-8b", "h100-sxm", dtype="fp8"))
     assert rl.critical_batch(fp8, 4096, include_kv=False) == pytest.approx(bstar, rel=0.02)
@@ -63,7 +63,8 @@ def test_kv_reads_make_bstar_infinite_past_a_context_limit() -> None:
     assert math.isfinite(at_limit) and not math.isfinite(past)
     # at a finite B* the whole step's FLOPs and bytes take equal time
     step = cm.decode_cost(round(short), 128)
-    assert step.flops / cm.peak_flops == pytest.approx(step.bytes / cm.accelerator.bandwidth_bytes_per_s, rel=0.02)
+    assert step.flops / cm.peak_flops == pytest.approx(step.bytes / cm.accelerator.bandwidth_bytes_per_s,
+                                                       rel=0.02)
 
 
 def test_decode_attention_intensity_is_flat_at_the_gqa_group_size() -> None:
@@ -75,7 +76,8 @@ def test_decode_attention_intensity_is_flat_at_the_gqa_group_size() -> None:
     assert projections == pytest.approx([1.0, 16.0, 256.0], rel=0.01)
     assert by_batch[1]["decode projections"].bound == "memory"
     prefill = {p.name: p for p in rl.step_points(cm, 1, 4096, prompt=4096)}
-    assert prefill["prefill projections"].bound == "compute" and prefill["prefill projections"].intensity > 1000
+    assert (prefill["prefill projections"].bound == "compute"
+            and prefill["prefill projections"].intensity > 1000)
 
 
 def test_h200_has_the_h100s_flops_and_a_lower_ridge() -> None:

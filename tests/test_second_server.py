@@ -100,7 +100,8 @@ def test_both_servers_apply_the_same_chat_template(hf_server: str, ours: str) ->
     for client, model in ((theirs, str(MODEL_DIR)), (mine, MODEL)):
         stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=12, temperature=0,
                                                 stream=True)
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == a.choices[0].message.content
+        assert ("".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+                == a.choices[0].message.content)
 
 
 def test_bench_runs_against_transformers_serve_and_says_how_it_adapted(hf_server: str) -> None:

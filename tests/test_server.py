@@ -498,8 +498,9 @@ def test_serve_cli_subprocess(tmp_path):
     frozen = re.search(r"([\d,]+) start-up objects frozen out of GC walks", err)
     assert frozen and int(frozen.group(1).replace(",", "")) > 10_000, err  # torch alone is more
     # what runs, in one line (backend, graphs, small ops, dtype, KV layout, and why each default)
-    assert re.search(r"minengine: attention '(cpp|gather)', no graphs, small ops (cpp|torch), float32 on cpu; "
-                     r"KV cache 4 layers x \(K, V\) x \[\d+ blocks, 16 tokens, 2 heads, 32\] float32", err), err
+    assert re.search(r"minengine: attention '(cpp|gather)', no graphs, small ops (cpp|torch), float32 on "
+                     r"cpu; KV cache 4 layers x \(K, V\) x \[\d+ blocks, 16 tokens, 2 heads, 32\] float32",
+                     err), err
     assert "linear: linear layers: " in err
 
 

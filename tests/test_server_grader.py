@@ -75,7 +75,8 @@ def build_app(llm, model_name):
                 if not c.delta_text and not out.finished:
                     continue
                 if chat:
-                    delta = {"role": "assistant", "content": c.delta_text} if first else {"content": c.delta_text}
+                    delta = ({"role": "assistant", "content": c.delta_text} if first
+                             else {"content": c.delta_text})
                     choice = {"index": 0, "delta": delta, "finish_reason": c.finish_reason}
                 else:
                     choice = {"index": 0, "text": c.delta_text, "finish_reason": c.finish_reason}
@@ -169,14 +170,16 @@ def test_the_reference_server_passes_every_check_against_itself(reference: sg.Se
     sc.check_disconnect(reference, "Once upon a time")
     sc.check_bad_input(reference, [
         {"path": "/v1/completions", "raw": "{nope", "why": "bad JSON"},
-        {"path": "/v1/completions", "body": {"model": sg.TINY, "prompt": "hi", "max_tokens": 0}, "why": "0 tokens"},
+        {"path": "/v1/completions", "body": {"model": sg.TINY, "prompt": "hi", "max_tokens": 0},
+         "why": "0 tokens"},
         {"path": "/v1/chat/completions", "body": {"model": sg.TINY, "messages": []}, "why": "no messages"},
     ])
     state = reference.control("state")
     assert state["unfinished"] == 0 and state["used_blocks"] == 0 and state["delay"] == 0
 
 
-def test_a_streaming_client_agrees_with_the_records_and_a_waiting_one_does_not(reference: sg.ServerProcess) -> None:
+def test_a_streaming_client_agrees_with_the_records_and_a_waiting_one_does_not(
+        reference: sg.ServerProcess) -> None:
     import httpx
 
     def streaming(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
@@ -193,7 +196,8 @@ def test_a_streaming_client_agrees_with_the_records_and_a_waiting_one_does_not(r
         start = time.perf_counter()
         r = httpx.post(base_url + "/v1/completions", timeout=30,
                        json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
-        return {"ttft_s": time.perf_counter() - start, "itl_s": [0.0] * (r.json()["usage"]["completion_tokens"] - 1)}
+        return {"ttft_s": time.perf_counter() - start,
+                "itl_s": [0.0] * (r.json()["usage"]["completion_tokens"] - 1)}
 
     sc.check_client(streaming, reference, "Once upon a time", max_tokens=16)
     with pytest.raises(AssertionError, match="your TTFT is"):
@@ -216,12 +220,13 @@ def test_planted_misbehaviour_fails_the_check_that_looks_for_it(planted: sg.Serv
         sc.check_bad_input(planted, [{"path": "/v1/completions", "raw": "{nope", "why": "bad JSON"}])
     start_t = time.monotonic()
     with pytest.raises(AssertionError, match="no answer within 8 s"):
-        sc.check_bad_input(planted, [{"path": "/v1/completions", "body": {"prompt": "HANG"}, "why": "a hang"}])
+        sc.check_bad_input(planted, [{"path": "/v1/completions", "body": {"prompt": "HANG"},
+                                      "why": "a hang"}])
     assert time.monotonic() - start_t < 12
 
 
-def test_a_server_that_always_streams_fails_the_sdk_check_with_a_clear_message(planted: sg.ServerProcess,
-                                                                               reference: sg.ServerProcess) -> None:
+def test_a_server_that_always_streams_fails_the_sdk_check_with_a_clear_message(
+        planted: sg.ServerProcess, reference: sg.ServerProcess) -> None:
     with pytest.raises(AssertionError, match="without stream, the answer is one JSON body"):
         sc.check_completions(planted, reference, ["Once upon a time"], max_tokens=8)
 
@@ -246,7 +251,8 @@ def test_a_server_that_does_not_start_says_why_at_once(tmp_path: Path, source: s
 
 def test_a_server_on_its_own_port_is_stopped_and_leaves_nothing(tmp_path: Path) -> None:
     source = ("import uvicorn\nfrom fastapi import FastAPI\napp = FastAPI()\n"
-              "uvicorn.run(app, host='127.0.0.1', port=0)  # never returns: the grader's port is never served\n")
+              "uvicorn.run(app, host='127.0.0.1', port=0)  "
+              "# never returns: the grader's port is never served\n")
     proc = start(tmp_path, source, limit=20)
     pid = proc.proc.pid
     with pytest.raises(sg.ServerProblem, match="stuck while importing the answer.*uvicorn.run"):
@@ -274,7 +280,8 @@ def test_a_runner_does_not_outlive_the_kernel_that_started_it(tmp_path: Path) ->
     script = ("import os, sys\nfrom minengine.course import server_grader as sg\n"
               "p = sg.ServerProcess(None, (sg.TINY,)).start()\nprint(p.proc.pid, p.workdir, flush=True)\n"
               "os._exit(0)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         check=True)
     pid, workdir = out.stdout.split()
     pid = int(pid)
     leftover = Path(workdir)

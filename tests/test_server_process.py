@@ -60,7 +60,8 @@ def test_a_server_that_cannot_start_raises_with_its_log():
 
 
 def test_a_hanging_command_times_out_and_is_killed():
-    server = ServerProcess(command=[sys.executable, "-c", "import time; time.sleep(600)"], startup_timeout=1.5)
+    server = ServerProcess(command=[sys.executable, "-c", "import time; time.sleep(600)"],
+                           startup_timeout=1.5)
     with pytest.raises(ServerStartError, match="did not answer"):
         server.start()
     assert not server.running and gone(server.pid)

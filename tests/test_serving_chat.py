@@ -22,7 +22,8 @@ from minengine.course.server_process import ServerProcess
 
 def chunk(content: str | None = None, finish: str | None = None, role: str | None = None,
           usage: dict | None = None) -> ChatCompletionChunk:
-    choices = [] if usage else [{"index": 0, "delta": {"role": role, "content": content}, "finish_reason": finish}]
+    choices = [] if usage else [{"index": 0, "delta": {"role": role, "content": content},
+                                 "finish_reason": finish}]
     return ChatCompletionChunk.model_validate({"id": "c", "object": "chat.completion.chunk", "created": 0,
                                                "model": "m", "choices": choices, "usage": usage})
 
@@ -36,13 +37,15 @@ def timed(chunks: list[ChatCompletionChunk], gap: float) -> Iterator[ChatComplet
 def test_read_chat_stream_counts_tokens_not_chunks(capsys: pytest.CaptureFixture[str]) -> None:
     # 5 tokens: "Hel", "lo" and " wörld" (two tokens, one chunk: a character split across them), then an
     # end-of-text token with no text; the usage chunk says 5
-    chunks = [chunk("", role="assistant"), chunk("Hel"), chunk("lo"), chunk(" wörld"), chunk("", finish="stop"),
+    chunks = [chunk("", role="assistant"), chunk("Hel"), chunk("lo"), chunk(" wörld"),
+              chunk("", finish="stop"),
               chunk(usage={"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8})]
     start = time.perf_counter()
     out = sl.read_chat_stream(timed(chunks, 0.02), start, echo=True)
     assert out.text == "Hello wörld" and capsys.readouterr().out == "Hello wörld\n"
     assert len(out.content_times) == 3 and out.content_times == sorted(out.content_times)
-    assert out.finish_reason == "stop" and out.finished_at is not None and out.finished_at > out.content_times[-1]
+    assert (out.finish_reason == "stop" and out.finished_at is not None
+            and out.finished_at > out.content_times[-1])
     assert out.usage["completion_tokens"] == 5 and out.num_tokens == 5
     assert out.mean_itl == pytest.approx((out.finished_at - out.ttft) / 4)
     assert len(out.lines) == len(chunks) and out.e2e >= out.finished_at
@@ -50,7 +53,8 @@ def test_read_chat_stream_counts_tokens_not_chunks(capsys: pytest.CaptureFixture
 
 
 def test_without_usage_tokens_are_the_text_chunks() -> None:
-    out = sl.read_chat_stream(iter([chunk("a"), chunk("b"), chunk("c", finish="length")]), time.perf_counter())
+    out = sl.read_chat_stream(iter([chunk("a"), chunk("b"), chunk("c", finish="length")]),
+                              time.perf_counter())
     assert out.num_tokens == 3 and out.usage is None and out.text == "abc"
     one = sl.read_chat_stream(iter([chunk("a", finish="length")]), time.perf_counter())
     assert math.isnan(one.mean_itl)  # one token: no gap to average
@@ -72,8 +76,10 @@ def test_sdk_chat_agrees_with_the_servers_metrics(tiny_server: ServerProcess) ->
     before = sl.scrape(tiny_server.url)
     start = time.perf_counter()
     reply = bot.chat.completions.create(
-        model="tinystories-4m", max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story?"}],
+        model="tinystories-4m", max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": "You tell stories."},
+                  {"role": "user", "content": "A story?"}],
         extra_body={"ignore_eos": True})
     out = sl.read_chat_stream(reply, start)
     after = sl.scrape(tiny_server.url)
@@ -86,5 +92,6 @@ def test_sdk_chat_agrees_with_the_servers_metrics(tiny_server: ServerProcess) ->
     # the same greedy text as a non-streamed request: streaming changes when text arrives, not what
     whole = bot.chat.completions.create(
         model="tinystories-4m", max_tokens=24, temperature=0, extra_body={"ignore_eos": True},
-        messages=[{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story?"}])
+        messages=[{"role": "system", "content": "You tell stories."},
+                  {"role": "user", "content": "A story?"}])
     assert whole.choices[0].message.content == out.text

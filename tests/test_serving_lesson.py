@@ -71,7 +71,8 @@ def test_closing_the_stream_aborts_and_frees(server):
     sl.wait_until(lambda: sl.metric(sl.scrape(server.url), "minengine:kv_cache_usage_perc") == 0, timeout=5)
     after = sl.scrape(server.url)
     name = "minengine:request_success_total"
-    assert sl.metric(after, name, finished_reason="abort") - sl.metric(before, name, finished_reason="abort") == 1
+    assert (sl.metric(after, name, finished_reason="abort")
+            - sl.metric(before, name, finished_reason="abort")) == 1
     assert sl.metric(after, "minengine:generation_tokens_total") - sl.metric(
         before, "minengine:generation_tokens_total") < 1500
 
@@ -92,8 +93,9 @@ def test_detokenizer_holds_back_incomplete_characters():
 
 
 def records(ttft: float, tpot: float, n: int = 10) -> list[RequestRecord]:
-    return [RequestRecord(str(i), 0.0, token_times=[ttft + tpot * k for k in range(5)], finish_time=ttft + 4 * tpot,
-                          num_output_tokens=5, finish_reason="length") for i in range(n)]
+    return [RequestRecord(str(i), 0.0, token_times=[ttft + tpot * k for k in range(5)],
+                          finish_time=ttft + 4 * tpot, num_output_tokens=5, finish_reason="length")
+            for i in range(n)]
 
 
 def test_goodput_widget_reads_the_sweep_against_the_slos():

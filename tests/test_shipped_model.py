@@ -103,7 +103,8 @@ def greedy(model, prompt: list[int], max_new_tokens: int, block_size: int = 16) 
 
 
 def test_greedy_generation_matches_hf_generate_for_64_tokens(model, hf_model, tokenizer):
-    for prompt in ["Once upon a time, there was a", "<|user|>\nTell me a story about a cat.\n<|assistant|>\n"]:
+    for prompt in ["Once upon a time, there was a",
+                   "<|user|>\nTell me a story about a cat.\n<|assistant|>\n"]:
         ids = tokenizer.encode(prompt)
         ours = greedy(model, ids, 64)
         ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False,

@@ -316,10 +316,12 @@ def test_engine_config_owns_the_kv_block_rule_the_simulator_uses() -> None:
     config = resolve_config(cm)
     budget = kvcalc.kv_cache_budget(cm.accelerator.memory_bytes, 0.9, cm.model.weight_bytes)
     blocks = kv_cache_blocks(cm, config)
-    assert blocks == config.num_kv_blocks(cm.model.kv_bytes_per_token, budget) == int(budget // (16 * 131_072))
+    assert (blocks == config.num_kv_blocks(cm.model.kv_bytes_per_token, budget)
+            == int(budget // (16 * 131_072)))
     assert blocks == kvcalc.estimate("llama-3.1-8b", 4096, gpu="h100").num_gpu_blocks  # `minengine kv` agrees
     too_big = CostModel.create("llama-3.1-70b", "l4")
-    with pytest.raises(ValueError, match=r"llama-3.1-70b \(131.4 GiB of weights\) on L4 .*smaller than one block"):
+    with pytest.raises(ValueError,
+                       match=r"llama-3.1-70b \(131.4 GiB of weights\) on L4 .*smaller than one block"):
         kv_cache_blocks(too_big, resolve_config(too_big))
 
 

@@ -132,7 +132,8 @@ class ReferenceScheduler(Scheduler):
                     if not num_new:
                         continue
                 while not bm.allocate_slots(req, num_new):
-                    victim = self.policy.select_victim([r for r in self.running if r.request_id not in scheduled])
+                    victim = self.policy.select_victim([r for r in self.running
+                                                        if r.request_id not in scheduled])
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim is req:
@@ -155,7 +156,8 @@ class ReferenceScheduler(Scheduler):
                         continue
                 num_new = min(num_new, budget)
                 num_slots = num_computed - num_cached + num_new
-                if not bm.allocate_slots(req, num_slots, hits, reserve=self._reserve(scheduled, budget - num_new)):
+                if not bm.allocate_slots(req, num_slots, hits,
+                                         reserve=self._reserve(scheduled, budget - num_new)):
                     admitting = False
                     continue
                 self._admit(req, num_computed, num_cached, now)
@@ -222,7 +224,8 @@ class OffersTwice(SchedulingPolicy):
         return candidates[0]
 
 
-POLICIES = ["decode_first", "prefill_first", PrefillFirstPolicy(decode_with_prefill=True), ChunkCap(), OffersTwice()]
+POLICIES = ["decode_first", "prefill_first", PrefillFirstPolicy(decode_with_prefill=True), ChunkCap(),
+            OffersTwice()]
 ChunkCap.chunked = True
 EOS = 0
 
@@ -237,8 +240,9 @@ def step_view(out: SchedulerOutput, sched: Scheduler) -> tuple:
     record = out.to_step_record(0, 0.0, 0.0)
     tables = sorted((r.request_id, tuple(r.block_table)) for r in sched.running)
     return (batch, out.preempted_request_ids, out.num_running, out.num_waiting, out.kv_blocks_used,
-            out.prefix_cache_queries, out.prefix_cache_hits, record.decode_context_lens, record.prefill_chunks,
-            record.num_prefill_tokens, record.num_decode_tokens, tables, sorted(sched.block_manager.cached_blocks))
+            out.prefix_cache_queries, out.prefix_cache_hits, record.decode_context_lens,
+            record.prefill_chunks, record.num_prefill_tokens, record.num_decode_tokens, tables,
+            sorted(sched.block_manager.cached_blocks))
 
 
 def run(cls: type[Scheduler], config: EngineConfig, num_blocks: int, specs: list[tuple]) -> tuple[list, list]:
@@ -275,8 +279,9 @@ def workloads(draw):
     chunked = draw(st.booleans())
     config = EngineConfig(
         block_size=block_size, max_num_seqs=draw(st.integers(1, 6)),
-        max_num_batched_tokens=draw(st.integers(64 if not chunked else 1, 96)), enable_chunked_prefill=chunked,
-        enable_prefix_caching=draw(st.booleans()), policy=draw(st.sampled_from(POLICIES)),
+        max_num_batched_tokens=draw(st.integers(64 if not chunked else 1, 96)),
+        enable_chunked_prefill=chunked, enable_prefix_caching=draw(st.booleans()),
+        policy=draw(st.sampled_from(POLICIES)),
     ).resolved(64)
     if isinstance(config.policy, ChunkCap):
         config.policy.chunked = chunked
@@ -284,8 +289,8 @@ def workloads(draw):
     prefix = [5 + i % 4 for i in range(draw(st.integers(0, 24)))]
     specs = []
     for i, (plen, max_tokens, arrival, kind, abort) in enumerate(draw(st.lists(st.tuples(
-            st.integers(1, 30), st.integers(1, 20), st.integers(0, 15), st.sampled_from("eos ignore stop".split()),
-            st.booleans()), min_size=1, max_size=14))):
+            st.integers(1, 30), st.integers(1, 20), st.integers(0, 15),
+            st.sampled_from("eos ignore stop".split()), st.booleans()), min_size=1, max_size=14))):
         ids = (prefix if i % 2 else [])[: 63 - plen] + [10 + (i + j) % 5 for j in range(plen)]
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=kind != "eos",
                                 stop_token_ids=[4] if kind == "stop" else None)
@@ -308,7 +313,8 @@ def test_every_step_matches_the_reference_scheduler(workload) -> None:
 def test_the_workloads_reach_every_path() -> None:
     """The random workloads above are worth something only if they preempt, hit the prefix cache,
     stop on EOS and stop tokens and abort; one fixed draw of the same kind shows each happens."""
-    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=20, policy="decode_first").resolved(64)
+    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=20,
+                          policy="decode_first").resolved(64)
     rng = random.Random(0)
     prefix = [5, 6, 7, 8] * 4
     specs = [(rng.randrange(6), f"r{i}", (prefix if i % 2 else []) + [10 + i] * rng.randrange(2, 20),
@@ -320,7 +326,8 @@ def test_the_workloads_reach_every_path() -> None:
     assert sum(len(view[1]) for view, _ in steps) > 0, "no preemption"
     assert sum(view[6] for view, _ in steps) > 0, "no prefix-cache hit"
     statuses = {status for *_, status, _reason, _times, _n in ends}
-    assert {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED} <= statuses
+    assert {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED} <= statuses
     assert any(reason == 4 for *_, reason, _t, _n in ends), "no stop token"
 
 

@@ -106,7 +106,8 @@ def test_logits_match_transformers_gguf_loader(model, hf_model, prompts):
         theirs = hf_model(torch.tensor([ids])).logits[0]
     diff = (ours - theirs).abs().max().item()
     print(
-        f"\nmax |logit difference| over {len(ids)} positions: {diff:.2e} (logits up to {theirs.abs().max():.1f})"
+        f"\nmax |logit difference| over {len(ids)} positions: {diff:.2e} (logits up to "
+        f"{theirs.abs().max():.1f})"
     )
     assert diff < 1e-4
 

@@ -1,8 +1,8 @@
-"""Weight quantization (``models/gguf.quantize_blocks``, ``course/weight_quant.py``, ``course/quant_lesson.py``):
-the quantizers byte-for-byte against the ``gguf`` package's ports of ggml's reference code, the fake
-quantization's round trips, the in-place swap that must restore every weight, perplexity as
-``llama-perplexity`` scores it, and the KV/GQA arithmetic of lesson 04. Models are tiny and random, or
-the shipped 3.5M one; the SmolLM2 checks skip when its package is missing.
+"""Weight quantization (``models/gguf.quantize_blocks``, ``course/weight_quant.py``,
+``course/quant_lesson.py``): the quantizers byte-for-byte against the ``gguf`` package's ports of ggml's
+reference code, the fake quantization's round trips, the in-place swap that must restore every weight,
+perplexity as ``llama-perplexity`` scores it, and the KV/GQA arithmetic of lesson 04. Models are tiny and
+random, or the shipped 3.5M one; the SmolLM2 checks skip when its package is missing.
 """
 
 from __future__ import annotations
@@ -87,9 +87,10 @@ def test_values_already_on_a_grid_survive_a_second_trip():
 
 
 def _tiny_model() -> torch.nn.Module:
-    config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=256, tie_word_embeddings=True, torch_dtype="float32")
+    config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         tie_word_embeddings=True, torch_dtype="float32")
     return build_random_model(config, device="cpu", dtype=torch.float32, seed=0)
 
 
@@ -117,7 +118,8 @@ def test_weight_bytes_follow_the_formats():
     assert wq.weight_bytes(model, wq.PLANS["bf16"]) == 2 * (matrices + norms)
     layers = matrices - emb
     assert wq.weight_bytes(model, wq.PLANS["Q4_1"]) == layers // 32 * 20 + emb // 32 * 34 + 4 * norms
-    sizes = [wq.weight_bytes(model, wq.PLANS[k]) for k in ("fp32", "bf16", "Q8_0", "Q4_1", "Q4_0", "int3", "int2")]
+    sizes = [wq.weight_bytes(model, wq.PLANS[k])
+             for k in ("fp32", "bf16", "Q8_0", "Q4_1", "Q4_0", "int3", "int2")]
     assert sizes == sorted(sizes, reverse=True)
 
 
@@ -176,7 +178,8 @@ def test_step_bytes_add_weights_and_every_sequences_kv():
                                                  ("Q4_1 (as shipped)", "bf16"), ("Q4_1 (as shipped)", "int8")]
     per_token_bf16 = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     assert rows[0].kv_bytes == 4 * 100 * per_token_bf16
-    assert rows[1].kv_bytes == pytest.approx(rows[0].kv_bytes / 2 + 4 * 100 * 2 * cfg.num_hidden_layers * 2 * 2)
+    assert rows[1].kv_bytes == pytest.approx(rows[0].kv_bytes / 2
+                                             + 4 * 100 * 2 * cfg.num_hidden_layers * 2 * 2)
     assert rows[0].weight_bytes == wq.weight_bytes(model, wq.PLANS["fp32"])
     assert rows[0].floor_ms(1e9) == pytest.approx(rows[0].total / 1e6)
 
@@ -222,4 +225,5 @@ def test_unchanged_by_tells_quantized_values_from_trained_ones():
 def test_compare_plans_takes_a_plan_of_your_own_and_names_a_bad_format():
     model = _tiny_model()
     with pytest.raises(ValueError, match="unknown weight format 'Q5_0'"):
-        wq.compare_plans(model, [[1, 2]], list(range(70)), [wq.WeightPlan("mine", "Q5_0", "Q8_0")], progress=False)
+        wq.compare_plans(model, [[1, 2]], list(range(70)), [wq.WeightPlan("mine", "Q5_0", "Q8_0")],
+                         progress=False)

@@ -72,7 +72,8 @@ def _hybrid(rng: random.Random) -> dict[str, Any]:
     config = _dense(rng, "gqa", explicit_head_dim=True)
     n = config["num_hidden_layers"]
     every = rng.choice([2, 4, 6])  # one full-attention layer every `every` layers (gpt-oss: 2, Gemma 3: 6)
-    config["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+    config["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                             for i in range(n)]
     config["sliding_window"] = rng.choice([512, 1024, 4096])
     return config
 
@@ -135,7 +136,8 @@ def _engine_settings(rng: random.Random, preempts: bool | None) -> dict[str, Any
         num_blocks = rng.randint(biggest, max(biggest, all_prompts))
         if _admitted_at_once(prompts, num_blocks, block) == n or sum(prompts) > BLOCK_TOKENS:
             continue
-        if preempts is not None and (_first_preemption_step(prompts, outputs, num_blocks, block) is not None) != preempts:
+        if (preempts is not None
+                and (_first_preemption_step(prompts, outputs, num_blocks, block) is not None) != preempts):
             continue
         return {"prompt_lens": prompts, "output_lens": outputs, "num_blocks": num_blocks, "block_size": block,
                 "seed": rng.randrange(10_000)}
@@ -157,8 +159,8 @@ def params(seed: int) -> dict[str, Any]:
     for _ in range(3):
         config, nbytes = _dense(rng, rng.choice(["gqa", "mqa", "mha"])), rng.choice([1, 2])
         ctx, batch = rng.randint(1_000, 200_000), rng.randint(1, 64)
-        out["hidden_cache"].append({"config": config, "context_len": ctx, "batch_size": batch, "nbytes": nbytes,
-                                    "want": _per_token(config, nbytes) * ctx * batch})
+        out["hidden_cache"].append({"config": config, "context_len": ctx, "batch_size": batch,
+                                    "nbytes": nbytes, "want": _per_token(config, nbytes) * ctx * batch})
 
     # Part 3: budget arithmetic (block multiples), paged rounding (not multiples), nothing left (0).
     def capacity(ctx_of: Any, small_gpu: bool = False) -> dict[str, Any]:
@@ -175,7 +177,8 @@ def params(seed: int) -> dict[str, Any]:
     out["hidden_paged"] = []
     while len(out["hidden_paged"]) < 3:  # the rounding must change the answer, or the case tests nothing
         case = capacity(lambda b: b * rng.randint(1, 300) + rng.randint(1, b - 1))
-        unpaged = case["budget"] // (case["context_len"] * _per_token(case["config"], case["bytes_per_element"]))
+        unpaged = case["budget"] // (case["context_len"] * _per_token(case["config"],
+                                                                      case["bytes_per_element"]))
         if unpaged != case["want"]:
             out["hidden_paged"].append(case)
     config = _dense(rng, "gqa")
@@ -193,7 +196,8 @@ def params(seed: int) -> dict[str, Any]:
     plot_models = {names[0]: _dense(rng, "gqa"), names[1]: _dense(rng, "mha")}
     contexts = sorted(rng.sample(range(1_000, 200_001, 500), 4))
     out["hidden_plot"] = {"models": plot_models, "contexts": contexts,
-                          "want_gib": {n: [_per_token(c, 2) * x / GiB for x in contexts] for n, c in plot_models.items()}}
+                          "want_gib": {n: [_per_token(c, 2) * x / GiB for x in contexts]
+                                       for n, c in plot_models.items()}}
 
     # Part 5: the engine (the hidden test runs it; these are the settings).
     out["hidden_engine_admit"] = [_engine_settings(rng, None) for _ in range(2)]

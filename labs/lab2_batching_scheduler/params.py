@@ -1,4 +1,5 @@
-"""Lab 2's hidden workloads and scores for one course seed (instructor-only: params.py never reaches the release).
+"""Lab 2's hidden workloads and scores for one course seed (instructor-only: params.py never reaches the
+release).
 
 ``params(seed)`` draws the four workload families the quality cells grade on (bursty arrivals, bimodal
 prompts, KV pressure that forces preemption, long outputs), the engine settings of the correctness cell and
@@ -41,7 +42,8 @@ def _family(rng: random.Random, kind: str) -> dict[str, Any]:
     fam: dict[str, Any] = {"name": kind, "model": "llama-3.1-8b", "gpu": "h100", "engine": dict(ENGINE),
                            "slo": dict(SLO), "seed": rng.randrange(2**31), "burstiness": 1.0}
     if kind == "bursty":
-        fam.update(num_requests=250, rate=round(rng.uniform(22, 28), 1), burstiness=round(rng.uniform(0.08, 0.15), 3),
+        fam.update(num_requests=250, rate=round(rng.uniform(22, 28), 1),
+                   burstiness=round(rng.uniform(0.08, 0.15), 3),
                    prompt=["lognormal", rng.randrange(600, 1000), 1.0, 6000], max_tokens=[128, 512, 1024],
                    output_fraction=[0.05, 1.0])
     elif kind == "bimodal":
@@ -54,7 +56,8 @@ def _family(rng: random.Random, kind: str) -> dict[str, Any]:
                    max_tokens=[512, 1024, 2048], output_fraction=[0.3, 1.0])
     else:
         fam.update(num_requests=160, rate=round(rng.uniform(9, 12), 1), burstiness=0.5,
-                   prompt=["lognormal", 300, 0.8, 2000], max_tokens=[1024, 2048, 4096], output_fraction=[0.1, 1.0])
+                   prompt=["lognormal", 300, 0.8, 2000], max_tokens=[1024, 2048, 4096],
+                   output_fraction=[0.1, 1.0])
     return fam
 
 
@@ -65,7 +68,8 @@ def _scored_family(rng: random.Random, kind: str, reference: type) -> dict[str, 
         if attempt % 3 == 0:
             fam = _family(rng, kind)
         scores = {name: simulate(p, fam)["goodput"] for name, p in
-                  (("prefill_first", "prefill_first"), ("decode_first", "decode_first"), ("reference", reference))}
+                  (("prefill_first", "prefill_first"), ("decode_first", "decode_first"),
+                   ("reference", reference))}
         if (scores["decode_first"] >= 1.02 * scores["prefill_first"]
                 and scores["reference"] >= SEPARATION * scores["decode_first"]):
             return {"family": fam, "goodput": scores}
@@ -75,14 +79,16 @@ def _scored_family(rng: random.Random, kind: str, reference: type) -> dict[str, 
 
 def _engine_case(rng: random.Random) -> dict[str, Any]:
     n = rng.randint(5, 7)
-    return {"prompt_lens": [rng.randint(4, 40) for _ in range(n)], "max_tokens": [rng.randint(6, 16) for _ in range(n)],
-            "num_blocks": rng.randint(14, 18), "block_size": 4, "max_num_batched_tokens": rng.choice([16, 24, 32]),
+    return {"prompt_lens": [rng.randint(4, 40) for _ in range(n)],
+            "max_tokens": [rng.randint(6, 16) for _ in range(n)], "num_blocks": rng.randint(14, 18),
+            "block_size": 4, "max_num_batched_tokens": rng.choice([16, 24, 32]),
             "max_num_seqs": rng.choice([3, 4]), "seed": rng.randrange(10_000)}
 
 
 def params(seed: int) -> dict[str, Any]:
     # Simulating takes seconds; a process that renders the same seed again (tests, release) reuses it.
-    key = hashlib.sha256(f"{seed}/{(HERE / NOTEBOOK).read_text()}/{Path(__file__).read_text()}".encode()).hexdigest()
+    key = hashlib.sha256((f"{seed}/{(HERE / NOTEBOOK).read_text()}/"
+                          f"{Path(__file__).read_text()}").encode()).hexdigest()
     cache = sys.modules.setdefault("_lab2_params_cache", types.ModuleType("_lab2_params_cache")).__dict__
     if key not in cache:
         cache[key] = _params(seed)

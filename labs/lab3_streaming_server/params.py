@@ -14,11 +14,13 @@ import random
 from typing import Any
 
 MODEL = "tinystories-4m"
-OPENERS = ["Once upon a time", "Tom and his dog", "One day, a little girl named Lily", "The sun was shining and",
-           "Max had a big red ball", "In a small town there lived", "Sam wanted to fly a kite", "Mia found a box",
-           "The bird sang a song", "Ben and Anna went to the beach", "There was a tall tree", "A little fish swam"]
-LONG_STORIES = ["Once upon a time", "Tom and his dog", "One day, a little girl named Lily", "Max had a big red ball",
-                "In a small town there lived", "Sam wanted to fly a kite"]  # 99-144 tokens before they stop
+OPENERS = ["Once upon a time", "Tom and his dog", "One day, a little girl named Lily",
+           "The sun was shining and", "Max had a big red ball", "In a small town there lived",
+           "Sam wanted to fly a kite", "Mia found a box", "The bird sang a song",
+           "Ben and Anna went to the beach", "There was a tall tree", "A little fish swam"]
+LONG_STORIES = ["Once upon a time", "Tom and his dog", "One day, a little girl named Lily",
+                "Max had a big red ball", "In a small town there lived",
+                "Sam wanted to fly a kite"]  # 99-144 tokens before they stop
 CHAT = ["Tell me a story about a dog.", "Write a story about a brave girl.", "Tell me about a little boat.",
         "Can you tell me a story about the moon?", "Write a short story about two friends."]
 UTF8 = ["Say good morning in Japanese.", "Say hello in Korean.", "Write 'cat' in Japanese.",
@@ -32,10 +34,12 @@ def _bad_requests(rng: random.Random) -> list[dict[str, Any]]:
     user = [{"role": "user", "content": rng.choice(CHAT)}]
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 8})
     cases = [
-        {"path": rng.choice([done, chat]), "raw": body[: rng.randint(5, len(body) - 2)], "why": "a body cut short"},
+        {"path": rng.choice([done, chat]), "raw": body[: rng.randint(5, len(body) - 2)],
+         "why": "a body cut short"},
         {"path": done, "body": {"model": MODEL, "prompt": prompt, "max_tokens": -rng.randint(1, 100)},
          "why": "a negative max_tokens"},
-        {"path": done, "body": {"model": MODEL, "prompt": prompt, "max_tokens": rng.choice(["ten", "8 tokens", [8]])},
+        {"path": done,
+         "body": {"model": MODEL, "prompt": prompt, "max_tokens": rng.choice(["ten", "8 tokens", [8]])},
          "why": "a max_tokens that is not a number"},
         {"path": chat, "body": {"model": MODEL, "messages": user, "max_tokens": rng.randint(3000, 100_000)},
          "why": "max_tokens beyond the context"},
@@ -47,7 +51,8 @@ def _bad_requests(rng: random.Random) -> list[dict[str, Any]]:
         {"path": chat, "body": {"model": MODEL, "messages": [{"role": rng.choice(["wizard", "robot", ""]),
                                                               "content": "hi"}]},
          "why": "a message with a role that does not exist"},
-        {"path": chat, "body": {"model": MODEL, "messages": [{"role": "user", "content": rng.choice([None, 42])}]},
+        {"path": chat,
+         "body": {"model": MODEL, "messages": [{"role": "user", "content": rng.choice([None, 42])}]},
          "why": "a message without text content"},
         {"path": chat, "body": {"model": MODEL}, "why": "no messages at all"},
         {"path": rng.choice([done, chat]), "body": {"model": f"gpt-{rng.randint(2, 9)}", "prompt": prompt,
@@ -71,7 +76,8 @@ def params(seed: int) -> dict[str, Any]:
         "utf8_prompts": rng.sample(UTF8, 1),
         "stream_prompt": rng.choice(LONG_STORIES),
         "stream_delay": rng.choice([0.04, 0.05, 0.06]),
-        "concurrent_prompts": [f"{rng.choice(OPENERS)}, {rng.choice(['and', 'but', 'so'])} {i}" for i in range(32)],
+        "concurrent_prompts": [f"{rng.choice(OPENERS)}, {rng.choice(['and', 'but', 'so'])} {i}"
+                               for i in range(32)],
         "disconnect_prompt": rng.choice(LONG_STORIES),
         "bad_requests": _bad_requests(rng),
         "client_prompt": rng.choice(LONG_STORIES),

@@ -289,7 +289,8 @@ async def run_benchmark(
     records = [res.record for res in results]
     no_done = sum(1 for res in results if not res.error and not res.saw_done)
     if no_done:
-        notes.append(f"{no_done} streams closed without data: [DONE]; counted complete (each had a finish_reason)")
+        notes.append(f"{no_done} streams closed without data: [DONE]; counted complete (each had a "
+                     "finish_reason)")
     base = summarize(records, duration=duration, slo=slo)
     config = {
         "base_url": base_url,

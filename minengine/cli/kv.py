@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype the weights are stored in (auto = from config.json)")
     parser.add_argument("--params", type=parse_params, default=None,
                         help="parameter count for weight bytes, e.g. 7B (default: preset or config estimate)")
-    parser.add_argument("--activation-reserve-gib", type=float, default=DEFAULT_ACTIVATION_RESERVE_BYTES / GiB,
+    parser.add_argument("--activation-reserve-gib", type=float,
+                        default=DEFAULT_ACTIVATION_RESERVE_BYTES / GiB,
                         help="memory kept for activations, CUDA graphs and context (default 2 GiB)")
     parser.add_argument("--quant-group-size", type=int, default=None,
                         help="elements per quantisation scale (adds one fp16 scale per group)")
@@ -107,14 +108,15 @@ def run(args: argparse.Namespace) -> int:
         print(list_text())
         return 0
     if not args.model:
-        print("minengine kv: error: --model is required (try --list, or --model llama-3.1-8b)", file=sys.stderr)
+        print("minengine kv: error: --model is required (try --list, or --model llama-3.1-8b)",
+              file=sys.stderr)
         return 2
     try:
         if args.activation_reserve_gib < 0:
             raise KVCalcError("--activation-reserve-gib must be >= 0")
         spec = load_model_spec(args.model, disable_sliding_window=args.disable_sliding_window)
-        est = estimate(spec, args.context, args.batch, kv_cache_dtype=args.dtype, tensor_parallel_size=args.tp,
-                       block_size=args.block_size, gpu=args.gpu,
+        est = estimate(spec, args.context, args.batch, kv_cache_dtype=args.dtype,
+                       tensor_parallel_size=args.tp, block_size=args.block_size, gpu=args.gpu,
                        gpu_memory_utilization=args.gpu_memory_utilization, weight_dtype=args.weight_dtype,
                        num_params=args.params,
                        activation_reserve_bytes=int(args.activation_reserve_gib * GiB),

@@ -153,7 +153,8 @@ class BlockManager:
         total = request.num_computed_tokens + len(new_computed_blocks) * bs + num_new_tokens
         num_new_blocks = cdiv(total, bs) - len(request.block_table) - len(new_computed_blocks)
         # Hits sitting in the free queue leave it when we take them, so they count against the free blocks.
-        num_revived = sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0) if new_computed_blocks else 0
+        num_revived = (sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0)
+                       if new_computed_blocks else 0)
         if num_new_blocks + num_revived + reserve > len(self.free_queue):
             return False
         if self.enable_prefix_caching and not request.block_table and request.num_computed_tokens == 0:

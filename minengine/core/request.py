@@ -136,7 +136,8 @@ class Request:
         self.stop_token_set = frozenset(stops)
         self.max_num_tokens = self.max_total_tokens(max_model_len)
 
-    def append_output_token(self, token_id: int, now: float, max_model_len: int | None = None) -> RequestStatus | None:
+    def append_output_token(self, token_id: int, now: float,
+                            max_model_len: int | None = None) -> RequestStatus | None:
         """Append a sampled token; with ``max_model_len``, also return the finished status it causes (or
         None): EOS, a stop token id, max_tokens, the context limit (stop strings: see the engine). One
         call, not two: the scheduler makes it for every running request at every step."""

@@ -64,15 +64,15 @@ def check_request_size(
     """
     if num_prompt_tokens >= max_model_len:
         raise ValueError(
-            f"request {request_id!r} can never run: the prompt has {num_prompt_tokens} tokens but max_model_len is "
-            f"{max_model_len}, which leaves no room for an output token; shorten the prompt or raise "
-            "max_model_len"
+            f"request {request_id!r} can never run: the prompt has {num_prompt_tokens} tokens but "
+            f"max_model_len is {max_model_len}, which leaves no room for an output token; shorten the prompt "
+            "or raise max_model_len"
         )
     need = max_model_len if max_tokens is None else min(max_model_len, num_prompt_tokens + max_tokens)
     if cdiv(need - 1, block_size) > num_blocks:  # the last sampled token's K/V is never stored
         raise ValueError(
-            f"request {request_id!r} can never run: it may grow to {need} tokens (prompt {num_prompt_tokens} + max_tokens "
-            f"{max_tokens}, at most max_model_len {max_model_len}) but the whole KV cache holds "
+            f"request {request_id!r} can never run: it may grow to {need} tokens (prompt {num_prompt_tokens} "
+            f"+ max_tokens {max_tokens}, at most max_model_len {max_model_len}) but the whole KV cache holds "
             f"{num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}); lower max_tokens "
             "or give the cache more blocks (num_blocks / kv_cache_memory_bytes)"
         )
@@ -286,7 +286,8 @@ class Scheduler:
         """
         now = self.clock() if now is None else now
         finished = []
-        running, max_model_len, length = RequestStatus.RUNNING, self.max_model_len, RequestStatus.FINISHED_LENGTH
+        running, max_model_len, length = (RequestStatus.RUNNING, self.max_model_len,
+                                          RequestStatus.FINISHED_LENGTH)
         bm, bs = self.block_manager, self.block_manager.block_size
         caching = bm.enable_prefix_caching
         get_token = sampled_token_ids.get

@@ -107,7 +107,8 @@ def check_number_form(name: str, answer: Any, unit: str = "", positive: bool = T
         raise AssertionError(f"{name}: answer with a number (int or float){f' in {unit}' if unit else ''}, "
                              f"got {answer!r}")
     if positive and float(answer) <= 0:
-        raise AssertionError(f"{name}: expected a positive number{f' in {unit}' if unit else ''}, got {answer!r}")
+        raise AssertionError(f"{name}: expected a positive number{f' in {unit}' if unit else ''}, got "
+                             f"{answer!r}")
 
 
 def grade_choice(name: str, answer: Any, key: str, why: str = "") -> None:
@@ -218,8 +219,8 @@ def expect_capacity(max_concurrent_sequences: Any, kv_bytes_per_token: Any, case
                     hint: str = "") -> None:
     """One GPU-capacity case (``case``: the function's arguments and ``want``), with errors carried
     forward from the learner's own ``kv_bytes_per_token``: vLLM's budget over whole blocks of it."""
-    names = ("gpu_memory_bytes", "weight_bytes", "bytes_per_element", "gpu_memory_utilization", "reserve_bytes",
-             "block_size")
+    names = ("gpu_memory_bytes", "weight_bytes", "bytes_per_element", "gpu_memory_utilization",
+             "reserve_bytes", "block_size")
     kwargs = {k: case[k] for k in names if k in case}
     got = max_concurrent_sequences(case["config"], case["context_len"], **kwargs)
     util, reserve = case.get("gpu_memory_utilization", 0.9), case.get("reserve_bytes", 2 * 2**30)
@@ -228,7 +229,8 @@ def expect_capacity(max_concurrent_sequences: Any, kv_bytes_per_token: Any, case
     slots = cdiv(case["context_len"], block) * block
 
     def mine() -> float:
-        return max(0, budget) // (slots * kv_bytes_per_token(case["config"], case.get("bytes_per_element", 2)))
+        return max(0, budget) // (slots * kv_bytes_per_token(case["config"],
+                                                             case.get("bytes_per_element", 2)))
 
     expect_close_or_carried(got, case["want"], mine, what, hint)
 
@@ -325,7 +327,8 @@ def _check_plot_labels(ax: Any, lines: list[Any], names: list[str]) -> None:
     if not xlabel or not ylabel:
         raise AssertionError("label both axes (ax.set_xlabel / ax.set_ylabel), with units")
     if not re.search(r"token|context|length|ctx", xlabel, re.I):
-        raise AssertionError(f"the x label should say what is on it (context length, in tokens); got {xlabel!r}")
+        raise AssertionError("the x label should say what is on it (context length, in tokens); got "
+                             f"{xlabel!r}")
     if not re.search(r"gib|\bgb\b|gibibyte|gigabyte", ylabel, re.I):
         raise AssertionError(f"the y label should give the unit (GiB); got {ylabel!r}")
     legend = ax.get_legend()
@@ -337,4 +340,5 @@ def _check_plot_labels(ax: Any, lines: list[Any], names: list[str]) -> None:
                              f"{sorted(names)}, the lines say {labels}")
     shown = sorted(t.get_text() for t in legend.get_texts())
     if shown != sorted(names):
-        raise AssertionError(f"the legend should name each model once: expected {sorted(names)}, it shows {shown}")
+        raise AssertionError(f"the legend should name each model once: expected {sorted(names)}, it shows "
+                             f"{shown}")

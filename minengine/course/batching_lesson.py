@@ -88,8 +88,8 @@ class OfflineWork:
         return max(len(p) + (sp.max_tokens or 0) for p, sp in zip(self.prompts, self.params, strict=True))
 
 
-def spread_workload(n: int, seed: int = 0, prompt: tuple[int, int] = (16, 64), output: tuple[int, int] = (4, 128),
-                    vocab: int = SHIPPED_VOCAB) -> OfflineWork:
+def spread_workload(n: int, seed: int = 0, prompt: tuple[int, int] = (16, 64),
+                    output: tuple[int, int] = (4, 128), vocab: int = SHIPPED_VOCAB) -> OfflineWork:
     """``n`` requests with short prompts and output lengths spread log-uniformly over ``output``.
 
     Real answers vary from a word to a page; that spread is what a static batch wastes: the short
@@ -116,7 +116,8 @@ def offline_run(llm: Any, work: OfflineWork) -> tuple[list[list[int]], RunResult
 # ------------------------------------------------------------------------------------- occupancy
 @dataclass(frozen=True)
 class Occupancy:
-    """How full the batch was: slots are ``max_num_seqs``; a slot is idle in a step when no request holds it."""
+    """How full the batch was: slots are ``max_num_seqs``; a slot is idle in a step when no request holds
+    it."""
 
     slots: int
     steps: int
@@ -138,7 +139,8 @@ def occupancy(steps: Sequence[StepRecord], slots: int) -> Occupancy:
     running = np.array([min(s.num_running, slots) for s in steps], float)
     backlog = np.array([s.num_waiting > 0 for s in steps])
     waiting_idle = float(1 - running[backlog].mean() / slots) if backlog.any() else 0.0
-    return Occupancy(slots, len(steps), float(running.mean()), float(1 - running.mean() / slots), waiting_idle)
+    return Occupancy(slots, len(steps), float(running.mean()), float(1 - running.mean() / slots),
+                     waiting_idle)
 
 
 @dataclass
@@ -233,7 +235,8 @@ def preemption_experiment(model: Any, work: OfflineWork, num_blocks_tight: int, 
     prompt_tokens = sum(len(p) for p in work.prompts)
     recomputed = sum(s.num_prefill_tokens for s in tight.steps) - prompt_tokens
     prefill_steps = [s for s in roomy.steps if s.num_prefill_tokens]
-    per_token = sum(s.duration for s in prefill_steps) / max(1, sum(s.num_prefill_tokens for s in prefill_steps))
+    per_token = (sum(s.duration for s in prefill_steps)
+                 / max(1, sum(s.num_prefill_tokens for s in prefill_steps)))
     return PreemptionResult(roomy, tight, roomy_blocks, num_blocks_tight, tight.summary.num_preemptions or 0,
                             recomputed, per_token)
 
@@ -351,5 +354,6 @@ def replay(config: Any, cost_model: Any, requests: Sequence[RequestRecord]) -> A
     from minengine.sim.workload import RequestSpec
 
     t0 = min(r.arrival_time for r in requests)
-    specs = [RequestSpec(r.arrival_time - t0, r.num_prompt_tokens, max(1, r.num_output_tokens)) for r in requests]
+    specs = [RequestSpec(r.arrival_time - t0, r.num_prompt_tokens, max(1, r.num_output_tokens))
+             for r in requests]
     return Simulator(config=config, cost_model=cost_model).run(specs)

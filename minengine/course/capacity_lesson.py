@@ -58,7 +58,8 @@ class StreamStats:
         return "\n".join([
             f"requests:           {self.request_rate:8.2f} /s over {self.duration:.1f} s",
             f"input tokens:       {self.input_tokens_per_s:8,.0f} /s   prompt lengths {pct(self.prompt_pct)}",
-            f"output tokens:      {self.output_tokens_per_s:8,.0f} /s   output lengths {pct(self.output_pct)}",
+            f"output tokens:      {self.output_tokens_per_s:8,.0f} /s   output lengths "
+            f"{pct(self.output_pct)}",
             f"decoding sequences: {self.decoding_mean:8.1f} on average, p90 {self.decoding_p90:.0f}",
             f"KV cache usage:     {100 * self.kv_mean:7.1f} % on average, max {100 * self.kv_max:.1f} %",
             f"TTFT p50 / p99:     {1e3 * self.ttft_p50:8.1f} / {1e3 * self.ttft_p99:.1f} ms;  ITL p50 / p99 "
@@ -106,7 +107,8 @@ def stream_stats(requests: Sequence[RequestRecord], steps: Sequence[StepRecord])
         prompt_lens=prompts.astype(int), output_lens=outputs.astype(int))
 
 
-def resampled_workload(stats: StreamStats, rate: float, num_requests: int, seed: int = 0) -> list[RequestSpec]:
+def resampled_workload(stats: StreamStats, rate: float, num_requests: int,
+                       seed: int = 0) -> list[RequestSpec]:
     """The recorded traffic's lengths (drawn with replacement, pairs kept together) at Poisson ``rate``."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(stats.prompt_lens), num_requests)
@@ -166,7 +168,8 @@ def make_layout(name: str, prefill: int, total_gpus: int, budget: int = 512, *, 
                                 link_bandwidth=link_gb_s * 1e9, max_num_batched_tokens=max(budget, 2048)).run
 
 
-def steady(workload: Sequence[RequestSpec], rate: float, min_seconds: float, seed: int = 0) -> list[RequestSpec]:
+def steady(workload: Sequence[RequestSpec], rate: float, min_seconds: float,
+           seed: int = 0) -> list[RequestSpec]:
     """The workload re-timed to ``rate``, repeated until arrivals span at least ``min_seconds``: a run
     shorter than a request's own life measures a burst, not a steady load."""
     n = max(len(workload), math.ceil(rate * min_seconds))
@@ -242,7 +245,8 @@ def steady_step(cost: CostModel, decoding: float, context: float, prefill_tokens
     t = cost.decode_cost(max(1, round(decoding)), max(2, round(context))).time
     for _ in range(iterations):
         chunk = prefill_tokens_per_s * t
-        chunks = [(1, max(1, round(context)))] * max(1, round(decoding)) + ([(round(chunk), 0)] if chunk >= 1 else [])
+        chunks = ([(1, max(1, round(context)))] * max(1, round(decoding))
+                  + ([(round(chunk), 0)] if chunk >= 1 else []))
         new = cost.step_time(chunks)
         if new > 10:  # diverging: the GPU cannot absorb the prompt stream
             return math.inf

@@ -124,8 +124,8 @@ def interference_options(budget: int | None, policy: str = "decode_first", n_str
     """Engine options: chunked prefill with ``budget`` tokens per step, or (None) off with a budget of
     ``max_model_len`` (the engine's rule: any prompt fits one step)."""
     if budget is not None and budget <= n_streams:
-        raise ValueError(f"a budget of {budget} tokens leaves nothing for a prompt next to {n_streams} decodes: "
-                         f"use more than {n_streams}")
+        raise ValueError(f"a budget of {budget} tokens leaves nothing for a prompt next to {n_streams} "
+                         f"decodes: use more than {n_streams}")
     return dict(max_num_seqs=n_streams + 4, enable_prefix_caching=False, max_model_len=max_model_len,
                 enable_chunked_prefill=budget is not None, max_num_batched_tokens=budget or max_model_len,
                 policy=policy, num_blocks=n_streams * 24 + math.ceil(max_model_len / 16) + 16)
@@ -143,11 +143,13 @@ def interference_run(llm: Any, n_streams: int = 16, long_len: int = 1500, stream
     config = engine.config
     per_step = config.max_num_batched_tokens - n_streams if config.enable_chunked_prefill else long_len
     if per_step < 1:
-        raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} leaves no room for the prompt")
+        raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} leaves no room for the "
+                         "prompt")
     window = math.ceil(long_len / per_step)
     warm = math.ceil(n_streams * stream_prompt / config.max_num_batched_tokens) + 3
     rng = random.Random(seed)
-    stream_params = SamplingParams(max_tokens=warm + 2 * window + tail_steps + 8, ignore_eos=True, temperature=0)
+    stream_params = SamplingParams(max_tokens=warm + 2 * window + tail_steps + 8, ignore_eos=True,
+                                   temperature=0)
     steps_before = engine.engine_core.num_steps
     streams = [engine.add_request(None, random_prompt(stream_prompt, rng, vocab), stream_params)
                for _ in range(n_streams)]
@@ -157,13 +159,15 @@ def interference_run(llm: Any, n_streams: int = 16, long_len: int = 1500, stream
             while any(len(r.record.token_times) < 3 for r in streams):
                 engine.step()
             long = engine.add_request(None, random_prompt(long_len, rng, vocab),
-                                      SamplingParams(max_tokens=tail_steps + 2, ignore_eos=True, temperature=0))
+                                      SamplingParams(max_tokens=tail_steps + 2, ignore_eos=True,
+                                                     temperature=0))
             while not long.record.token_times:
                 engine.step()
             for _ in range(tail_steps):
                 engine.step()
     finally:
-        engine.abort_request([r.request_id for r in [*streams, *([long] if long else [])] if not r.is_finished])
+        engine.abort_request([r.request_id for r in [*streams, *([long] if long else [])]
+                              if not r.is_finished])
     n = engine.engine_core.num_steps - steps_before
     steps = list(engine.step_records)[-n:]
     if any(r.record.finish_reason == "length" for r in streams):

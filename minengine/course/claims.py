@@ -112,9 +112,11 @@ def compare_prediction(predicted: float | None, measured: float, what: str, unit
         else:
             ratio = measured / guess if guess else math.inf
             verdict = ("close (within a factor 1.5)" if 1 / 1.5 <= ratio <= 1.5
-                       else f"off by a factor {max(ratio, 1 / ratio):.1f}" if ratio > 0 and math.isfinite(ratio)
+                       else f"off by a factor {max(ratio, 1 / ratio):.1f}"
+                       if ratio > 0 and math.isfinite(ratio)
                        else "on the other side of zero")
-            text = f"you predicted {what} = {guess:.3g}{suffix}; this run measured {measured:.3g}{suffix}: {verdict}"
+            text = (f"you predicted {what} = {guess:.3g}{suffix}; this run measured {measured:.3g}{suffix}: "
+                    f"{verdict}")
     print(text)
     return text
 

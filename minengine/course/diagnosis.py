@@ -47,7 +47,8 @@ def traffic(num_requests: int, rate: float, seed: int = 0, long_fraction: float 
     rng = random.Random(seed)
     work, t = [], 0.0
     for _ in range(num_requests):
-        n = rng.randint(LONG_PROMPT, LONG_PROMPT + 300) if rng.random() < long_fraction else rng.randint(16, 96)
+        n = (rng.randint(LONG_PROMPT, LONG_PROMPT + 300) if rng.random() < long_fraction
+             else rng.randint(16, 96))
         params = SamplingParams(max_tokens=rng.randint(24, 64), ignore_eos=True, temperature=0)
         work.append(WorkRequest(t, random_prompt(n, rng, vocab), params))
         t += rng.expovariate(rate)
@@ -92,14 +93,15 @@ def worst_trace(requests: Sequence[RequestRecord]) -> tuple[RequestRecord, Findi
 def length_groups(requests: Sequence[RequestRecord], edge: int = LONG_PROMPT // 2) -> Finding:
     """Stage 2: TTFT and ITL per prompt-length group (an average would hide the long ones)."""
     lines, done = [], [r for r in requests if r.token_times]
-    for name, sel in (("short", lambda r: r.num_prompt_tokens < edge), ("long", lambda r: r.num_prompt_tokens >= edge)):
+    for name, sel in (("short", lambda r: r.num_prompt_tokens < edge),
+                      ("long", lambda r: r.num_prompt_tokens >= edge)):
         g = [r for r in done if sel(r)]
         if not g:
             continue
         ttft = np.array([r.ttft for r in g])
         itl = np.array([x for r in g for x in r.itls] or [np.nan])
-        lines.append(f"{name} prompts ({len(g)}): TTFT p50 {_ms(np.median(ttft))}, p99 {_ms(np.percentile(ttft, 99))}; "
-                     f"ITL p99 {_ms(np.nanpercentile(itl, 99))}")
+        lines.append(f"{name} prompts ({len(g)}): TTFT p50 {_ms(np.median(ttft))}, p99 "
+                     f"{_ms(np.percentile(ttft, 99))}; ITL p99 {_ms(np.nanpercentile(itl, 99))}")
     return Finding("2 length groups", False, "; ".join(lines))
 
 
@@ -110,18 +112,20 @@ class LoadComparison:
     itl_ratio: float  # loaded p99 ITL / quiet p50 ITL
 
 
-def quiet_vs_loaded(quiet: Sequence[RequestRecord], loaded: Sequence[RequestRecord]) -> tuple[LoadComparison, Finding]:
+def quiet_vs_loaded(quiet: Sequence[RequestRecord],
+                    loaded: Sequence[RequestRecord]) -> tuple[LoadComparison, Finding]:
     """Stage 3: the same kind of requests alone and under load. TTFT that grows under load while the
     requests spend it waiting is queueing or admission, not slow kernels."""
     q = [r for r in quiet if r.token_times]
     ld = [r for r in loaded if r.token_times]
     ttft_ratio = float(np.median([r.ttft for r in ld]) / np.median([r.ttft for r in q]))
     queue_share = float(sum(r.queue_time or 0.0 for r in ld) / sum(r.ttft for r in ld))
-    itl_ratio = float(np.percentile([x for r in ld for x in r.itls], 99) / np.median([x for r in q for x in r.itls]))
+    itl_ratio = float(np.percentile([x for r in ld for x in r.itls], 99)
+                      / np.median([x for r in q for x in r.itls]))
     c = LoadComparison(ttft_ratio, queue_share, itl_ratio)
     flagged = ttft_ratio > 3 and queue_share > 0.5
-    text = (f"p50 TTFT {ttft_ratio:.1f}x the quiet run's, {100 * queue_share:.0f} % of it spent waiting in the "
-            f"queue; p99 ITL {itl_ratio:.1f}x the quiet p50 ITL")
+    text = (f"p50 TTFT {ttft_ratio:.1f}x the quiet run's, {100 * queue_share:.0f} % of it spent waiting in "
+            f"the queue; p99 ITL {itl_ratio:.1f}x the quiet p50 ITL")
     return c, Finding("3 quiet vs loaded", flagged, text)
 
 
@@ -135,8 +139,8 @@ def mixed_batches(steps: Sequence[StepRecord]) -> Finding:
         return Finding("4 mixed batches", False, "no mixed steps to compare")
     ratio = float(mixed.max() / np.median(pure))
     flagged = ratio > 15
-    text = (f"{len(mixed)} mixed steps, the longest {_ms(mixed.max())} = {ratio:.0f}x a median pure decode step "
-            f"({_ms(np.median(pure))}); up to {biggest} prompt tokens in one step")
+    text = (f"{len(mixed)} mixed steps, the longest {_ms(mixed.max())} = {ratio:.0f}x a median pure decode "
+            f"step ({_ms(np.median(pure))}); up to {biggest} prompt tokens in one step")
     return Finding("4 mixed batches", flagged, text)
 
 

@@ -56,7 +56,8 @@ FLOOR_MODELS: dict[str, float] = {
 # ------------------------------------------------------------------------------------------- sizes
 @dataclass(frozen=True)
 class KernelSizes:
-    """The weight stack every kernel reads: ``matrices`` of ``rows`` x ``cols`` fp32, fastest of ``repeats``."""
+    """The weight stack every kernel reads: ``matrices`` of ``rows`` x ``cols`` fp32, fastest of
+    ``repeats``."""
 
     rows: int
     cols: int
@@ -143,7 +144,8 @@ class KernelRun:
 
     @property
     def best_read(self) -> ReadPoint:
-        """The machine's best streaming read: the faster of the sum's thread counts (the floor's bandwidth)."""
+        """The machine's best streaming read: the faster of the sum's thread counts (the floor's
+        bandwidth)."""
         return max((p for p in self.points if p.kernel == SUM), key=lambda p: p.bytes_per_s)
 
     @property
@@ -151,7 +153,8 @@ class KernelRun:
         return max((p for p in self.points if p.kernel != SUM), key=lambda p: p.bytes_per_s)
 
 
-def floor_rows(run: KernelRun, models: dict[str, float] | None = None) -> list[tuple[str, float, list[float]]]:
+def floor_rows(run: KernelRun,
+               models: dict[str, float] | None = None) -> list[tuple[str, float, list[float]]]:
     """(label, GB/s, ms per token for each model) per point, in measuring order: the implied floors."""
     models = FLOOR_MODELS if models is None else models
     return [(p.label, p.bytes_per_s / 1e9, [p.floor_ms(b) for b in models.values()]) for p in run.points]
@@ -164,12 +167,14 @@ def build_weights(sizes: KernelSizes, seed: int = 0) -> torch.Tensor:
     return torch.empty(sizes.matrices, sizes.rows, sizes.cols).uniform_(-1.0, 1.0, generator=gen)
 
 
-def onednn_linears(weights: torch.Tensor) -> tuple[list[Callable[[torch.Tensor], torch.Tensor]] | None, str | None]:
+def onednn_linears(weights: torch.Tensor
+                   ) -> tuple[list[Callable[[torch.Tensor], torch.Tensor]] | None, str | None]:
     """oneDNN's linear with each matrix prepacked in its own layout, or (None, why) where torch lacks it."""
     if not torch.backends.mkldnn.is_available():
         return None, "this torch build has no oneDNN (MKL-DNN)"
     try:
-        with warnings.catch_warnings():  # MkldnnLinear is a TorchScript module: torch 2.13 flags script_method
+        with warnings.catch_warnings():
+            # MkldnnLinear is a TorchScript module: torch 2.13 flags script_method
             warnings.simplefilter("ignore", DeprecationWarning)
             import torch.utils.mkldnn as mkldnn
 
@@ -180,7 +185,8 @@ def onednn_linears(weights: torch.Tensor) -> tuple[list[Callable[[torch.Tensor],
                 layers.append(mkldnn.MkldnnLinear(dense, torch.float32))
             with torch.no_grad():
                 layers[0](torch.zeros(1, weights.shape[2]))
-    except (AttributeError, ImportError, RuntimeError, TypeError) as err:  # an API that moved or a CPU it rejects
+    except (AttributeError, ImportError, RuntimeError, TypeError) as err:
+        # an API that moved or a CPU it rejects
         return None, f"oneDNN's prepacked linear did not run here ({type(err).__name__}: {err})"
     return layers, None
 
@@ -237,14 +243,15 @@ def plot_kernels(ax: Any, run: KernelRun, model: str = "SmolLM2-135M, fp32") -> 
     rates = [p.bytes_per_s / 1e9 for p in points]
     from matplotlib.colors import to_rgba
 
-    ax.barh(list(ys), rates, color=[to_rgba(colors[p.kernel], 0.55 if p.threads == 1 else 1.0) for p in points])
+    ax.barh(list(ys), rates,
+            color=[to_rgba(colors[p.kernel], 0.55 if p.threads == 1 else 1.0) for p in points])
     for y, p, r in zip(ys, points, rates, strict=True):
         ax.text(r, y, f" {r:.1f} GB/s → {p.floor_ms(weight_bytes):.1f} ms/token", va="center", fontsize=8)
     best = run.best_read.bytes_per_s / 1e9
     ax.axvline(best, color="k", linestyle=":", linewidth=1, label=f"best read: {best:.1f} GB/s (the floor's)")
     ax.set_yticks(list(ys), [p.label for p in points], fontsize=8)
     ax.set_xlim(0, 1.5 * max(rates))
-    ax.set(xlabel=f"GB/s read (fastest pass); after the arrow: the decode floor of {model.replace(', ', ' in ')} "
-                  "at that speed",
+    ax.set(xlabel="GB/s read (fastest pass); after the arrow: the decode floor of "
+                  f"{model.replace(', ', ' in ')} at that speed",
            title=f"the same {run.points[0].bytes / 1e6:,.0f} MB of fp32 weights, read by each kernel")
     ax.legend(fontsize=8, loc="upper right")

@@ -67,7 +67,8 @@ def generate_without_cache(model: Any, prompt: Sequence[int], new_tokens: int,
 
 def recompute_vs_cache(llm: Any, prompt: Sequence[int], new_tokens: int,
                        progress: bool = True) -> RecomputeTiming:
-    """Generate ``new_tokens`` greedily both ways from ``prompt``; the engine's step records time the cache."""
+    """Generate ``new_tokens`` greedily both ways from ``prompt``; the engine's step records time the
+    cache."""
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": list(prompt)}], params, use_tqdm=False)[0]
     cached_s = [s.t_forward for s in llm.step_records]  # this call's steps: the prefill, then decodes

@@ -262,7 +262,8 @@ def run_requests(llm: Any, work: Sequence[WorkRequest],
             engine.abort_request([r.request_id for r in added if not r.is_finished])
             raise
     records = [r.record for r in added]
-    return RunResult(records, steps, max((r.token_times[-1] for r in records if r.token_times), default=t0) - t0)
+    return RunResult(records, steps,
+                     max((r.token_times[-1] for r in records if r.token_times), default=t0) - t0)
 
 
 def warm_up(llm: Any, vocab: int = SHIPPED_VOCAB) -> None:

@@ -46,7 +46,8 @@ def _raise_timeout(signum: int, frame: Any) -> None:
 @contextlib.contextmanager
 def cpu_limit(seconds: float, wall_seconds: float | None = None) -> Iterator[None]:
     """Interrupt the block after ``seconds`` of CPU time (or ``wall_seconds`` of wall time): an infinite
-    loop in a policy becomes a PolicyFailure. CPU time, so a busy machine does not trip it. Main thread only."""
+    loop in a policy becomes a PolicyFailure. CPU time, so a busy machine does not trip it. Main thread
+    only."""
     if not hasattr(signal, "setitimer") or sys.platform == "win32":
         yield
         return
@@ -123,9 +124,10 @@ class _SizingGuard(_Guard):
     def num_new_tokens(self, request: Request, num_needed: int, budget: int) -> int:
         n = self.inner.num_new_tokens(request, num_needed, budget)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(num_needed, budget):
-            raise PolicyFailure(f"{type(self.inner).__name__}.num_new_tokens gave request {request.request_id!r} "
-                                f"{n!r} tokens; it needs {num_needed} and {budget} are left in this step's budget: "
-                                f"return an int from 0 to {min(num_needed, budget)}")
+            raise PolicyFailure(f"{type(self.inner).__name__}.num_new_tokens gave request "
+                                f"{request.request_id!r} {n!r} tokens; it needs {num_needed} and {budget} "
+                                "are left in this step's budget: return an int from 0 to "
+                                f"{min(num_needed, budget)}")
         if self.log is not None:
             self.log.append(("tokens", request.request_id, n))
         return n
@@ -155,12 +157,15 @@ def explain(exc: BaseException, what: str, cpu_s: float, max_steps: int) -> Poli
     text = str(exc)
     if text == "__timeout__":
         return PolicyFailure(f"{what}: the policy was stopped after {CALL_CPU_S:g} s of CPU in one call, or "
-                             f"{cpu_s:g} s in the run (an infinite loop in order()/select_victim()/num_new_tokens()?)")
+                             f"{cpu_s:g} s in the run (an infinite loop in "
+                             "order()/select_victim()/num_new_tokens()?)")
     if "scheduled nothing" in text:
-        return PolicyFailure(f"{what}: the policy left every request out while work was pending (it stalls): {text}")
+        return PolicyFailure(f"{what}: the policy left every request out while work was pending (it stalls): "
+                             f"{text}")
     if text.startswith("__stall__"):
         return PolicyFailure(f"{what}: the run did not finish within {max_steps} steps: the policy leaves "
-                             f"some request out forever (it stalls with work pending). {text.replace('__stall__', '')}")
+                             "some request out forever (it stalls with work pending). "
+                             f"{text.replace('__stall__', '')}")
     if isinstance(exc, PolicyFailure):
         return PolicyFailure(f"{what}: {text}")
     return PolicyFailure(f"{what}: the policy raised {type(exc).__name__}: {text}")
@@ -205,8 +210,8 @@ class _HiddenLengthExecutor:
 
 
 def run_core(factory: Any, arrivals: Sequence[Arrival], *, max_num_batched_tokens: int, max_num_seqs: int,
-             num_blocks: int, block_size: int = 16, enable_chunked_prefill: bool = True, max_steps: int = 5_000,
-             cpu_s: float = 5.0, what: str = "a run") -> CoreRun:
+             num_blocks: int, block_size: int = 16, enable_chunked_prefill: bool = True,
+             max_steps: int = 5_000, cpu_s: float = 5.0, what: str = "a run") -> CoreRun:
     """Run the policy on the real scheduler (no model) until every request is done; PolicyFailure if not."""
     from minengine.config import EngineConfig
     from minengine.core.engine_core import EngineCore
@@ -216,9 +221,9 @@ def run_core(factory: Any, arrivals: Sequence[Arrival], *, max_num_batched_token
     run = CoreRun()
     policy = guard(new_policy(factory), max_steps, run.log)
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-                          enable_prefix_caching=False, policy=policy,
-                          max_model_len=max(a.prompt_len + a.max_tokens for a in arrivals) + 1)
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          enable_chunked_prefill=enable_chunked_prefill, enable_prefix_caching=False,
+                          policy=policy, max_model_len=max(a.prompt_len + a.max_tokens for a in arrivals) + 1)
     config = config.resolved(config.max_model_len or 1)
     step = 0
     scheduler = Scheduler(config, num_blocks, clock=lambda: float(step))
@@ -265,8 +270,8 @@ def check_limits(run: CoreRun, max_num_batched_tokens: int, max_num_seqs: int) -
             raise PolicyFailure(f"step {i}: {tokens} tokens scheduled, over max_num_batched_tokens "
                                 f"{max_num_batched_tokens}")
         if len(scheduled) > max_num_seqs or running > max_num_seqs:
-            raise PolicyFailure(f"step {i}: {max(len(scheduled), running)} requests running, over max_num_seqs "
-                                f"{max_num_seqs}")
+            raise PolicyFailure(f"step {i}: {max(len(scheduled), running)} requests running, over "
+                                f"max_num_seqs {max_num_seqs}")
 
 
 def check_finished(run: CoreRun, arrivals: Sequence[Arrival]) -> None:
@@ -275,8 +280,8 @@ def check_finished(run: CoreRun, arrivals: Sequence[Arrival]) -> None:
         if rid not in run.finished:
             raise PolicyFailure(f"request {rid} (prompt {a.prompt_len}) never finished")
         if run.outputs[rid] != a.output_len:
-            raise PolicyFailure(f"request {rid} generated {run.outputs[rid]} tokens instead of {a.output_len}: "
-                                "a policy must never change what a request produces")
+            raise PolicyFailure(f"request {rid} generated {run.outputs[rid]} tokens instead of "
+                                f"{a.output_len}: a policy must never change what a request produces")
 
 
 def most_overtaken(run: CoreRun) -> tuple[int, str]:
@@ -294,10 +299,10 @@ def check_no_starvation(factory: Any, arrivals: Sequence[Arrival], **limits: Any
     bound = len(arrivals) // 2
     if count > bound:
         a = arrivals[int(rid)]
-        raise PolicyFailure(f"request {rid} (prompt {a.prompt_len}, max_tokens {a.max_tokens}) arrived at step {a.step} "
-                            f"and waited {run.first_scheduled[rid] - a.step} steps while {count} requests that came "
-                            f"after it were admitted first (at most {bound} allowed): it starves. Give waiting "
-                            "requests priority as they age")
+        raise PolicyFailure(f"request {rid} (prompt {a.prompt_len}, max_tokens {a.max_tokens}) arrived at "
+                            f"step {a.step} and waited {run.first_scheduled[rid] - a.step} steps while "
+                            f"{count} requests that came after it were admitted first (at most {bound} "
+                            "allowed): it starves. Give waiting requests priority as they age")
     return {"most_overtaken": count, "bound": bound}
 
 
@@ -306,10 +311,12 @@ def check_deterministic(factory: Any, arrivals: Sequence[Arrival], **limits: Any
     second = run_core(factory, arrivals, what="a second run", **limits)
     for i, (a, b) in enumerate(zip(first.steps, second.steps, strict=False)):
         if a != b:
-            raise PolicyFailure(f"two runs of the same workload differ at step {i}: {a[:6]} vs {b[:6]}: the "
-                                "policy is not deterministic (random numbers? the wall clock? a set's order?)")
+            raise PolicyFailure(f"two runs of the same workload differ at step {i}: {a[:6]} vs {b[:6]}: "
+                                "the policy is not deterministic (random numbers? the wall clock? a set's "
+                                "order?)")
     if [first.steps, first.preempted, first.log] != [second.steps, second.preempted, second.log]:
-        raise PolicyFailure("two runs of the same workload made different decisions: the policy is not deterministic")
+        raise PolicyFailure("two runs of the same workload made different decisions: the policy is not "
+                            "deterministic")
 
 
 # ------------------------------------------------------------------------------- hypothesis properties
@@ -321,7 +328,8 @@ def check_properties(factory: Any, check: str, seed: int, max_examples: int = 25
         from hypothesis import seed as hypothesis_seed
         from hypothesis import strategies as st
     except ImportError:  # pragma: no cover - the course environment installs it
-        raise PolicyFailure("the property tests need the hypothesis package: pip install hypothesis") from None
+        raise PolicyFailure("the property tests need the hypothesis package: "
+                            "pip install hypothesis") from None
 
     @st.composite
     def cases(draw: Any) -> dict[str, Any]:
@@ -385,9 +393,10 @@ def engine_tokens(factory: Any, case: dict[str, Any]) -> list[list[int]]:
     policy = guard(new_policy(factory), 5_000)
     try:
         with quiet(), torch_threads(1), cpu_limit(30.0):
-            llm = LLM(model, tokenizer=tokenizer, num_blocks=case["num_blocks"], block_size=case["block_size"],
-                      max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["max_num_batched_tokens"],
-                      enable_prefix_caching=False, policy=policy)
+            llm = LLM(model, tokenizer=tokenizer, num_blocks=case["num_blocks"],
+                      block_size=case["block_size"], max_num_seqs=case["max_num_seqs"],
+                      max_num_batched_tokens=case["max_num_batched_tokens"], enable_prefix_caching=False,
+                      policy=policy)
             return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     except Exception as exc:
         raise explain(exc, "the real engine", 30.0, 5_000) from None
@@ -397,5 +406,6 @@ def check_same_tokens(factory: Any, case: dict[str, Any]) -> None:
     want, got = engine_tokens("decode_first", case), engine_tokens(factory, case)
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
         if w != g:
-            raise PolicyFailure(f"request {i}: under your policy the engine generated {g[:8]}..., under decode-first "
-                                f"{w[:8]}...: scheduling must never change what a request generates")
+            raise PolicyFailure(f"request {i}: under your policy the engine generated {g[:8]}..., under "
+                                f"decode-first {w[:8]}...: scheduling must never change what a request "
+                                "generates")

@@ -11,8 +11,8 @@ baselines' and the reference's goodput come from the lab's ``params.py`` per cou
   the true output lengths: its decisions must not differ before anything finishes.
 * ``require_own_policy`` fails a policy whose methods call grading helpers or the simulator.
 * ``graded`` wraps a test cell's body and ``record``s its outcome and figures in ``lab2_results.json``
-  next to the notebook while autograding; ``leaderboard`` ranks a course's ``lab2_results.json`` files (``python -m
-  minengine.course.policy_scoring leaderboard build/course``).
+  next to the notebook while autograding; ``leaderboard`` ranks a course's ``lab2_results.json`` files
+  (``python -m minengine.course.policy_scoring leaderboard build/course``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def simulate(factory: Any, family: dict[str, Any], *, cpu_s: float = 10.0, max_s
     for i, (spec, rec) in enumerate(zip(by_arrival, result.requests, strict=True)):
         if rec.num_output_tokens != spec.output_len or rec.arrival_time != spec.arrival_time:
             raise PolicyFailure(f"{what}: request {i} produced {rec.num_output_tokens} tokens instead of "
-                                f"{spec.output_len} (or its record changed): a policy must not change requests")
+                                f"{spec.output_len} (or its record changed): a policy must not change "
+                                "requests")
     summary = result.summary(slo=family["slo"])
     return {"goodput": summary.request_goodput, "slo_attainment": summary.slo_attainment,
             "preemptions": result.num_preemptions, "ttft_p99_ms": 1e3 * summary.ttft.p99,
@@ -106,9 +107,9 @@ def check_blind(factory: Any, family: dict[str, Any], min_len: int = 24) -> None
         logs.append(log)
     for a, b in zip(*logs, strict=False):
         if a != b:
-            raise PolicyFailure(f"the policy decided differently ({str(a)[:60]}... vs {str(b)[:60]}...) on two "
-                                "workloads that differ only in the hidden true output lengths: it reads what a "
-                                "real scheduler cannot know. Use max_tokens, never the true length")
+            raise PolicyFailure(f"the policy decided differently ({str(a)[:60]}... vs {str(b)[:60]}...) on "
+                                "two workloads that differ only in the hidden true output lengths: it reads "
+                                "what a real scheduler cannot know. Use max_tokens, never the true length")
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -131,7 +132,8 @@ def check_blind_cached(factory: Any, family: dict[str, Any]) -> None:
         _BLIND_CACHE[key] = True
 
 
-def expect_beats(factory: Any, scored: Sequence[dict[str, Any]], baseline: str, figures: dict[str, Any]) -> None:
+def expect_beats(factory: Any, scored: Sequence[dict[str, Any]], baseline: str,
+                 figures: dict[str, Any]) -> None:
     """Higher goodput than ``baseline`` (by 1%) on every family; ``scored``: params.py's families with the
     baselines' and the reference's goodput."""
     short = []
@@ -146,7 +148,8 @@ def expect_beats(factory: Any, scored: Sequence[dict[str, Any]], baseline: str, 
         raise PolicyFailure(f"goodput not above {baseline}'s on: {'; '.join(short)}")
 
 
-def expect_near_reference(factory: Any, scored: dict[str, Any], figures: dict[str, Any], share: float = 0.95) -> None:
+def expect_near_reference(factory: Any, scored: dict[str, Any], figures: dict[str, Any],
+                          share: float = 0.95) -> None:
     """At least ``share`` of the reference's goodput on one family."""
     fam, want = scored["family"], scored["goodput"]
     check_blind_cached(factory, fam)
@@ -154,10 +157,11 @@ def expect_near_reference(factory: Any, scored: dict[str, Any], figures: dict[st
     ratio = got["goodput"] / want["reference"]
     figures.update(got, ratio_to_reference=ratio, **{f"{k}_goodput": v for k, v in want.items()})
     if ratio < share:
-        raise PolicyFailure(f"{fam['name']}: goodput {got['goodput']:.2f} req/s ({100 * got['slo_attainment']:.0f}% "
-                            f"of requests within TTFT {fam['slo']['ttft']:g} ms and TPOT {fam['slo']['tpot']:g} ms); "
-                            f"decode-first {want['decode_first']:.2f}, prefill-first {want['prefill_first']:.2f}; "
-                            f"full marks from {share:.0%} of the reference's {want['reference']:.2f}")
+        raise PolicyFailure(f"{fam['name']}: goodput {got['goodput']:.2f} req/s "
+                            f"({100 * got['slo_attainment']:.0f}% of requests within TTFT "
+                            f"{fam['slo']['ttft']:g} ms and TPOT {fam['slo']['tpot']:g} ms); decode-first "
+                            f"{want['decode_first']:.2f}, prefill-first {want['prefill_first']:.2f}; full "
+                            f"marks from {share:.0%} of the reference's {want['reference']:.2f}")
 
 
 # -------------------------------------------------------------------------------------- own code only
@@ -185,7 +189,8 @@ def grading_helper_calls(policy_cls: Any) -> list[str]:
             for co in _code_objects(code):
                 for n in co.co_names:
                     obj = namespace.get(n)
-                    mod = getattr(obj, "__name__", "") if inspect.ismodule(obj) else getattr(obj, "__module__", "")
+                    mod = (getattr(obj, "__name__", "") if inspect.ismodule(obj)
+                           else getattr(obj, "__module__", ""))
                     if n in _HELPER_NAMES or (mod or "").startswith(("minengine.course", "minengine.sim")):
                         found.append(f"{n!r} in {klass.__name__}.{name}")
     return sorted(set(found))
@@ -194,8 +199,9 @@ def grading_helper_calls(policy_cls: Any) -> list[str]:
 def require_own_policy(policy_cls: Any, part: str) -> None:
     found = grading_helper_calls(policy_cls)
     if found:
-        raise PolicyFailure(f"{part}: the policy calls grading helpers or the simulator ({'; '.join(found[:3])}). "
-                            "A policy decides from the requests it is given: remove those calls.")
+        raise PolicyFailure(f"{part}: the policy calls grading helpers or the simulator "
+                            f"({'; '.join(found[:3])}). A policy decides from the requests it is given: "
+                            "remove those calls.")
 
 
 
@@ -218,7 +224,8 @@ def record(part: str, passed: bool, path: str | Path = RESULTS_FILE, **figures: 
     if os.environ.get("NBGRADER_EXECUTION") != "autograde":
         return
     path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {"assignment": "lab2_batching_scheduler", "parts": {}}
+    data = (json.loads(path.read_text()) if path.exists()
+            else {"assignment": "lab2_batching_scheduler", "parts": {}})
     data["parts"][part] = {"passed": bool(passed), **figures}
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=float))
 
@@ -232,7 +239,8 @@ def leaderboard(course_dir: str | Path, assignment: str = "lab2_batching_schedul
                   if p.startswith("quality_") and "ratio_to_reference" in v}
         rows.append({"student": path.parent.parent.name, **ratios,
                      "mean_ratio": sum(ratios.values()) / len(ratios) if ratios else 0.0,
-                     "properties_passed": sum(v["passed"] for p, v in parts.items() if not p.startswith("quality_"))})
+                     "properties_passed": sum(v["passed"] for p, v in parts.items()
+                                              if not p.startswith("quality_"))})
     return sorted(rows, key=lambda r: -r["mean_ratio"])
 
 
@@ -250,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no {RESULTS_FILE} under {args.course_dir}/autograded/: run make autograde first")
         return 1
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
+    cells = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+             for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     for row in [cols, *cells]:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))

@@ -231,7 +231,8 @@ def chat_prompts(tokenizer: Any, system: str, questions: Sequence[str]) -> list[
 
 
 def show_tokens(tokenizer: Any, ids: Sequence[int], mark: int | None = None) -> str:
-    """Token ids with their text, ``id:'text'``, separated by spaces; ``mark`` puts ``>>`` before one index."""
+    """Token ids with their text, ``id:'text'``, separated by spaces; ``mark`` puts ``>>`` before one
+    index."""
     parts = []
     for i, t in enumerate(ids):
         piece = tokenizer.decode([t])

@@ -102,7 +102,8 @@ def gqa_row(name: str, spec: Any, dtype_bytes: int = 2) -> GQARow:
 
 
 # ------------------------------------------------------------------------------- bytes per decode step
-KV_FORMATS = {"bf16": (None, 2), "int8": (8, 2), "int4": (4, 2)}  # name -> (bits, bytes of an unquantised element)
+# name -> (bits, bytes of an unquantised element)
+KV_FORMATS = {"bf16": (None, 2), "int8": (8, 2), "int4": (4, 2)}
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def format_gqa_table(rows: Sequence[GQARow]) -> str:
              f"{'as MHA':>10} {'GQA saves':>9}"]
     for r in rows:
         lines.append(f"{r.name:>24} {r.layers:6d} {r.q_heads:7d} {r.kv_heads:8d} {r.head_dim:8d} "
-                     f"{r.bytes_per_token / 1024:7.1f} KiB {r.mha_bytes_per_token / 1024:6.1f} KiB {r.saving:8.0f}x")
+                     f"{r.bytes_per_token / 1024:7.1f} KiB {r.mha_bytes_per_token / 1024:6.1f} KiB "
+                     f"{r.saving:8.0f}x")
     return "\n".join(lines)
 
 
@@ -180,11 +182,12 @@ def format_step_table(rows: Sequence[StepBytes], bandwidth: float) -> str:
 def format_results(results: Sequence[Any], bandwidth: float) -> str:
     """``weight_quant.compare_plans`` results as a table: bytes, floor, perplexity and agreement."""
     ref = results[0].perplexity
-    lines = [f"{'weights':>18} {'MB/step':>8} {'floor':>8} {'perplexity':>10} {'vs ref':>7} {'tokens same':>11} "
-             f"{'answers same':>12} {'parted at':>9}"]
+    lines = [f"{'weights':>18} {'MB/step':>8} {'floor':>8} {'perplexity':>10} {'vs ref':>7} "
+             f"{'tokens same':>11} {'answers same':>12} {'parted at':>9}"]
     for r in results:
         a = r.agreement
-        lines.append(f"{r.plan.label:>18} {r.bytes_per_step / 1e6:8.1f} {r.bytes_per_step / bandwidth * 1e3:5.1f} ms "
-                     f"{r.perplexity:10.3f} {100 * (r.perplexity / ref - 1):+6.1f}% {100 * a.token_share:10.0f}% "
+        lines.append(f"{r.plan.label:>18} {r.bytes_per_step / 1e6:8.1f} "
+                     f"{r.bytes_per_step / bandwidth * 1e3:5.1f} ms {r.perplexity:10.3f} "
+                     f"{100 * (r.perplexity / ref - 1):+6.1f}% {100 * a.token_share:10.0f}% "
                      f"{a.identical:>5d} of {len(a.first_diffs):<3d} {a.median_first_diff:9.0f}")
     return "\n".join(lines)

@@ -54,7 +54,8 @@ SHORT_QUESTION = "Why is the sky blue?"  # a short prompt with a long answer
 
 
 def has_chat_template(tokenizer: Any) -> bool:
-    """True when the tokenizer carries a chat template (SmolLM2 and the tiny model do; base models may not)."""
+    """True when the tokenizer carries a chat template (SmolLM2 and the tiny model do; base models may
+    not)."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -166,7 +167,8 @@ class ModelComparison:
         """Three rows, one per figure, with the ratio big / small: printed by the lesson."""
         rows = [("weights read per decode step", f"{self.small_bytes / 1e6:,.0f} MB",
                  f"{self.big_bytes / 1e6:,.0f} MB", self.bytes_ratio),
-                ("pause per prompt token (TTFT / n)", f"{1e3 * self.small_pause.ttft_per_prompt_token:.3f} ms",
+                ("pause per prompt token (TTFT / n)",
+                 f"{1e3 * self.small_pause.ttft_per_prompt_token:.3f} ms",
                  f"{1e3 * self.big_pause.ttft_per_prompt_token:.3f} ms", self.ttft_ratio),
                 ("median gap between tokens (ITL)", f"{1e3 * self.small_stream.median_itl:.2f} ms",
                  f"{1e3 * self.big_stream.median_itl:.2f} ms", self.itl_ratio)]

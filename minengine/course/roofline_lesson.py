@@ -72,7 +72,8 @@ def matmul_intensity(m: int, k: int, n: int, bytes_per_element: float) -> float:
     return flops / nbytes
 
 
-def fastest_time(fn: Callable[[], Any], device: torch.device, repeats: int = 3, budget_s: float = 1.0) -> float:
+def fastest_time(fn: Callable[[], Any], device: torch.device, repeats: int = 3,
+                 budget_s: float = 1.0) -> float:
     """Fastest of ``repeats`` calls after a warm-up; fewer (at least one) once ``budget_s`` is spent."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fn()
@@ -142,8 +143,8 @@ def matmul_sweep(dtype: str, sizes: SweepSizes, device: str | torch.device = "cp
         seconds = fastest_time(run, dev, sizes.repeats, budget_s=sizes.max_call_s)
         points.append(KernelPoint("matmul", dtype, m, count * flops, count * nbytes, seconds, count))
         if m != sizes.ms[-1] and seconds / count * 2 > sizes.max_call_s:
-            note = (f"{dtype} sweep stopped at M = {m}: one {m} x {k} x {k} matmul took {seconds / count:.2f} s "
-                    f"here, so the next would exceed the lesson's time budget")
+            note = (f"{dtype} sweep stopped at M = {m}: one {m} x {k} x {k} matmul took "
+                    f"{seconds / count:.2f} s here, so the next would exceed the lesson's time budget")
             break
     return points, note
 
@@ -177,7 +178,8 @@ def elementwise_points(sizes: SweepSizes, dtype: str, device: str | torch.device
     dev, dt = torch.device(device), DTYPES[dtype]
     tokens, hidden = sizes.elementwise_shape
     size, n = torch.finfo(dt).bits // 8, tokens * hidden
-    x, u = torch.randn(tokens, hidden, device=dev, dtype=dt), torch.randn(tokens, hidden, device=dev, dtype=dt)
+    x, u = (torch.randn(tokens, hidden, device=dev, dtype=dt),
+            torch.randn(tokens, hidden, device=dev, dtype=dt))
     out, weight = torch.empty_like(x), torch.ones(hidden, device=dev, dtype=dt)
     ops = (("residual add", lambda: torch.add(x, u, out=out), 1, 3),
            ("SiLU", lambda: F.silu(out, inplace=True), 4, 2),
@@ -204,7 +206,8 @@ def as_machine(measured: Accelerator, peak: float, label: str) -> Accelerator:
 # ------------------------------------------------------------------------------- decode arithmetic
 def ideal(cost_model: CostModel) -> CostModel:
     """The textbook roofline of the same model and chip: datasheet peaks reached, no overhead."""
-    return cost_model.with_(compute_efficiency=1.0, memory_efficiency=1.0, overhead_s=0.0, overhead_per_seq_s=0.0)
+    return cost_model.with_(compute_efficiency=1.0, memory_efficiency=1.0, overhead_s=0.0,
+                            overhead_per_seq_s=0.0)
 
 
 def _decode_flops_bytes(cost: StepCost, include_kv: bool) -> tuple[float, float]:
@@ -281,12 +284,14 @@ def step_points(cost_model: CostModel, batch: int, context: int, prompt: int | N
     decode = cost_model.decode_cost(batch, context)
     proj = [o for o in decode.ops if o.name in ("qkv_o_proj", "mlp")]
     out.append(OpPoint("decode projections", sum(o.flops for o in proj), sum(o.bytes for o in proj),
-                       sum(o.time for o in proj), "memory" if all(o.bound == "memory" for o in proj) else "compute"))
+                       sum(o.time for o in proj),
+                       "memory" if all(o.bound == "memory" for o in proj) else "compute"))
     for op in decode.ops:
         if op.name == "decode_attention":
             out.append(OpPoint("decode attention", op.flops, op.bytes, op.time, op.bound))
         if op.name == "elementwise":
-            nominal = op.bytes * ELEMENTWISE_FLOPS_PER_BYTE * 2 / max(cost_model.model.weight_bytes_per_param, 2)
+            nominal = (op.bytes * ELEMENTWISE_FLOPS_PER_BYTE * 2
+                       / max(cost_model.model.weight_bytes_per_param, 2))
             out.append(OpPoint("norms, element-wise (decode)", nominal, op.bytes, op.time, "memory"))
     if prompt:
         pre = cost_model.prefill_cost(prompt)
@@ -317,7 +322,8 @@ GPU_CALIBRATION_LLAMA: dict[str, Any] = {**MEDIUM_LLAMA, "hidden_size": 2048, "i
                                           "num_key_value_heads": 4, "vocab_size": 32000}
 
 
-def calibrate_here(device: str | torch.device = "cpu", threads: int | None = 1, num_requests: int = 24) -> Any:
+def calibrate_here(device: str | torch.device = "cpu", threads: int | None = 1,
+                   num_requests: int = 24) -> Any:
     """``minengine.sim.calibrate`` on this device: the real engine's steps fitted by the per-op roofline.
 
     On a CPU that is ``calibrate()`` itself (a random-weight Llama, hidden 512, fp32). On a GPU the same
@@ -344,7 +350,8 @@ def calibrate_here(device: str | torch.device = "cpu", threads: int | None = 1, 
         return [rng.randrange(3, vocab) for _ in range(n)]
 
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    llm.generate([prompt(64) for _ in range(4)], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate([prompt(64) for _ in range(4)], SamplingParams(max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(8, 64), ignore_eos=True)
               for _ in range(num_requests)]
     llm.generate([prompt(rng.randint(64, 2048)) for _ in range(num_requests)], params, use_tqdm=False)
@@ -368,14 +375,15 @@ def scaled_gpu(gpu: str | Accelerator, flops: float = 1.0, bandwidth: float = 1.
 
 
 def serve_whatif(gpus: dict[str, Accelerator], model: str = "llama-3.1-8b", num_requests: int = 300,
-                 prompt: int = 1024, output: int = 128, rate: float = 4.0, seed: int = 0, progress: bool = True
-                 ) -> dict[str, Any]:
+                 prompt: int = 1024, output: int = 128, rate: float = 4.0, seed: int = 0,
+                 progress: bool = True) -> dict[str, Any]:
     """The same Poisson workload simulated on each GPU; label -> ``RunSummary`` (TTFT, TPOT, ...)."""
     from minengine.sim import Simulator, synthetic_workload
 
     work = synthetic_workload(num_requests, rate, input_len=prompt, output_len=output, seed=seed)
     return {label: Simulator(model, acc, max_num_batched_tokens=2048).run(work).summary()
-            for label, acc in tqdm(gpus.items(), desc="simulated GPUs", total=len(gpus), disable=not progress)}
+            for label, acc in tqdm(gpus.items(), desc="simulated GPUs", total=len(gpus),
+                                   disable=not progress)}
 
 
 # ------------------------------------------------------------------------------------------ plotting

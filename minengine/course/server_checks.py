@@ -39,7 +39,8 @@ class Stream:
 
 
 def read_sse(url: str, body: dict[str, Any], timeout: httpx.Timeout = TIMEOUT) -> Stream:
-    """POST ``body`` and read the reply as server-sent events, strictly: UTF-8, ``data:`` lines, blank lines."""
+    """POST ``body`` and read the reply as server-sent events, strictly: UTF-8, ``data:`` lines, blank
+    lines."""
     start = time.perf_counter()
     with httpx.Client(timeout=timeout) as client, client.stream("POST", url, json=body) as r:
         s = Stream(r.status_code, r.headers.get("content-type", ""))
@@ -55,7 +56,8 @@ def read_sse(url: str, body: dict[str, Any], timeout: httpx.Timeout = TIMEOUT) -
                     s.events.append(data)
                     s.times.append(now)
         if r.status_code == 200 and buffer.strip():
-            raise AssertionError(f"the stream ended in the middle of an event (no blank line after it): {buffer[:80]!r}")
+            raise AssertionError("the stream ended in the middle of an event (no blank line after it): "
+                                 f"{buffer[:80]!r}")
     return s
 
 
@@ -68,7 +70,8 @@ def _event_data(block: bytes) -> str | None:
     if not lines:
         return None
     if not all(ln.startswith("data:") for ln in lines):
-        raise AssertionError(f"every SSE event line should start with 'data: ' (then a blank line): {text[:120]!r}")
+        raise AssertionError("every SSE event line should start with 'data: ' (then a blank line): "
+                             f"{text[:120]!r}")
     return "\n".join(ln[5:].removeprefix(" ") for ln in lines)
 
 
@@ -99,9 +102,11 @@ def _short(text: str, n: int = 70) -> str:
 
 def _same_text(what: str, got: str, want: str) -> None:
     if got != want:
-        at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                  min(len(got), len(want)))
         raise AssertionError(f"{what}: your server's text differs from the reference's at character {at}: "
-                             f"yours {_short(got[max(0, at - 20):])}, the reference {_short(want[max(0, at - 20):])}")
+                             f"yours {_short(got[max(0, at - 20):])}, the reference "
+                             f"{_short(want[max(0, at - 20):])}")
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -109,7 +114,8 @@ def _messages(prompt: str) -> list[dict[str, str]]:
 
 
 # ----------------------------------------------------------------------------------------- the SDK
-def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_tokens: int = 24) -> None:
+def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str],
+                      max_tokens: int = 24) -> None:
     """The official openai SDK on /v1/completions, streaming and not: the reference's greedy text."""
     mine, theirs = _openai(srv, TINY), _openai(ref, TINY)
     for prompt in prompts:
@@ -119,13 +125,16 @@ def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str]
         got = _sdk(what, mine.completions.create, kw)
         _same_text(what, got.choices[0].text, want.choices[0].text)
         assert got.choices[0].finish_reason == want.choices[0].finish_reason, \
-            f"{what}: finish_reason {got.choices[0].finish_reason!r}, the reference says {want.choices[0].finish_reason!r}"
+            (f"{what}: finish_reason {got.choices[0].finish_reason!r}, the reference says "
+             f"{want.choices[0].finish_reason!r}")
         assert got.usage is not None and (got.usage.prompt_tokens, got.usage.completion_tokens) == \
-            (want.usage.prompt_tokens, want.usage.completion_tokens), f"{what}: usage {got.usage}, expected {want.usage}"
+            (want.usage.prompt_tokens, want.usage.completion_tokens), \
+            f"{what}: usage {got.usage}, expected {want.usage}"
         chunks = _sdk(f"{what} with stream=True", mine.completions.create, kw, stream=True)
         _same_text(f"{what} with stream=True", "".join(c.choices[0].text for c in chunks if c.choices),
                    want.choices[0].text)
-        assert len(chunks) > 1, f"{what} with stream=True: one chunk only; send each new piece of text as it comes"
+        assert len(chunks) > 1, (f"{what} with stream=True: one chunk only; send each new piece of text as "
+                                 "it comes")
         ends = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert ends == [want.choices[0].finish_reason], f"{what} with stream=True: finish_reasons {ends}"
 
@@ -145,7 +154,8 @@ def check_chat(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_t
         chunks = _sdk(f"{what} with stream=True", mine.chat.completions.create, kw, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         _same_text(f"{what} with stream=True", text, want.message.content or "")
-        assert len(chunks) > 1, f"{what} with stream=True: one chunk only; send each new piece of text as it comes"
+        assert len(chunks) > 1, (f"{what} with stream=True: one chunk only; send each new piece of text as "
+                                 "it comes")
 
 
 # ---------------------------------------------------------------------------------------- the wire
@@ -170,8 +180,8 @@ def check_sse_framing(srv: ServerProcess, prompt: str, max_tokens: int = 16) -> 
             raise AssertionError(f"{what}: an event's data is not JSON ({e})") from None
         *content, last = chunks
         assert last.get("choices") == [] and isinstance(last.get("usage"), dict), \
-            f"{what}: with stream_options.include_usage the last chunk before [DONE] has choices [] and usage; " \
-            f"got {_short(json.dumps(last), 120)}"
+            f"{what}: with stream_options.include_usage the last chunk before [DONE] has choices [] and " \
+            f"usage; got {_short(json.dumps(last), 120)}"
         kind = "chat.completion.chunk" if chat else "text_completion"
         assert all(c.get("object") == kind and len(c.get("choices", [])) == 1 for c in content), \
             f"{what}: every chunk has object {kind!r} and one choice"
@@ -189,7 +199,8 @@ def check_sse_framing(srv: ServerProcess, prompt: str, max_tokens: int = 16) -> 
         usage = last["usage"]
         assert usage.get("completion_tokens", 0) >= sum(1 for p in pieces if p), \
             f"{what}: usage.completion_tokens {usage.get('completion_tokens')} for {len(pieces)} pieces"
-        assert usage.get("total_tokens") == usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0), \
+        assert usage.get("total_tokens") == (usage.get("prompt_tokens", 0)
+                                             + usage.get("completion_tokens", 0)), \
             f"{what}: usage.total_tokens is prompt_tokens + completion_tokens"
         assert len({c.get("id") for c in chunks}) == 1, f"{what}: every chunk of one stream has the same id"
 
@@ -207,9 +218,10 @@ def check_utf8(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_t
         text = "".join((c["choices"][0].get("delta") or {}).get("content") or ""
                        for c in s.chunks() if c.get("choices"))
         if text.count("\ufffd") > want.count("\ufffd"):
-            raise AssertionError(f"{what}, streamed: {_short(text)} holds U+FFFD replacement characters where the "
-                                 f"reference has {_short(want)}: a character was sent before all its bytes had "
-                                 "been generated. Send the engine's delta_text, which holds them back")
+            raise AssertionError(f"{what}, streamed: {_short(text)} holds U+FFFD replacement characters "
+                                 f"where the reference has {_short(want)}: a character was sent before all "
+                                 "its bytes had been generated. Send the engine's delta_text, which holds "
+                                 "them back")
         _same_text(f"{what}, streamed", text, want)
 
 
@@ -219,15 +231,17 @@ def check_no_buffering(srv: ServerProcess, prompt: str, max_tokens: int = 24, de
     srv.control("delay", seconds=delay)
     try:
         s = read_sse(srv.url(TINY) + "/v1/completions",
-                     {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
+                     {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                      "stream": True})
     finally:
         srv.control("delay", seconds=0)
     times = [t for t, c in zip(s.times, s.events, strict=True) if c != "[DONE]" and _has_text(c)]
     assert len(times) >= 8, f"only {len(times)} chunks with text came for {max_tokens} tokens"
     first, last = times[0], times[-1]
     assert first < 0.5 * last and last - first >= 0.5 * delay * (len(times) - 1), \
-        (f"the first text arrived {first:.2f} s after the request and the last at {last:.2f} s, with the engine "
-         f"spending {delay * 1000:.0f} ms per token: the response is held back (buffered) instead of streamed")
+        (f"the first text arrived {first:.2f} s after the request and the last at {last:.2f} s, with the "
+         f"engine spending {delay * 1000:.0f} ms per token: the response is held back (buffered) instead of "
+         "streamed")
 
 
 def _has_text(event: str) -> bool:
@@ -238,7 +252,8 @@ def _has_text(event: str) -> bool:
     return bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
 
 
-def check_concurrency(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_tokens: int = 16) -> None:
+def check_concurrency(srv: ServerProcess, ref: ServerProcess, prompts: list[str],
+                      max_tokens: int = 16) -> None:
     """Many streams at once all complete, each with its own greedy text."""
     async def one(client: httpx.AsyncClient, base: str, prompt: str, stream: bool) -> str:
         body = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
@@ -254,7 +269,8 @@ def check_concurrency(srv: ServerProcess, ref: ServerProcess, prompts: list[str]
     async def run(base: str, stream: bool) -> list[str | BaseException]:
         limits = httpx.Limits(max_connections=len(prompts) + 4)
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), limits=limits) as client:
-            return await asyncio.gather(*(one(client, base, p, stream) for p in prompts), return_exceptions=True)
+            return await asyncio.gather(*(one(client, base, p, stream) for p in prompts),
+                                        return_exceptions=True)
 
     want = _in_thread(run(ref.url(TINY), False))
     got = _in_thread(run(srv.url(TINY), True))
@@ -303,7 +319,8 @@ def check_disconnect(srv: ServerProcess, prompt: str, max_tokens: int = 400, del
         srv.control("delay", seconds=0)
     last = srv.control("records", last=1)[-1]
     assert last["finish_reason"] == "abort", \
-        f"the request ended with {last['finish_reason']!r} after {last['num_output_tokens']} tokens, not aborted"
+        (f"the request ended with {last['finish_reason']!r} after {last['num_output_tokens']} tokens, not "
+         "aborted")
 
 
 # -------------------------------------------------------------------------------------------- errors
@@ -320,15 +337,19 @@ def check_bad_input(srv: ServerProcess, cases: list[dict[str, Any]]) -> None:
                 else:
                     r = client.post(base + case["path"], json=case["body"])
             except httpx.TimeoutException:
-                raise AssertionError(f"{what}: no answer within 8 s; a bad request must be refused at once") from None
-            assert 400 <= r.status_code < 500, f"{what}: HTTP {r.status_code}, expected a 4xx error: {r.text[:150]}"
+                raise AssertionError(f"{what}: no answer within 8 s; a bad request must be refused "
+                                     "at once") from None
+            assert 400 <= r.status_code < 500, (f"{what}: HTTP {r.status_code}, expected a 4xx error: "
+                                                f"{r.text[:150]}")
             try:
                 error = r.json()["error"]
-                assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+                assert (isinstance(error["message"], str) and error["message"]
+                        and isinstance(error["type"], str))
                 assert "param" in error and "code" in error
             except Exception:
                 raise AssertionError(f"{what}: HTTP {r.status_code}, but the body is not an OpenAI error "
-                                     '{"error": {"message", "type", "param", "code"}}: ' f"{r.text[:150]}") from None
+                                     '{"error": {"message", "type", "param", "code"}}: '
+                                     f"{r.text[:150]}") from None
 
 
 # -------------------------------------------------------------------------------------- the client
@@ -353,7 +374,8 @@ def check_client(measure: Callable[..., Any], ref: ServerProcess, prompt: str, m
         (f"your TTFT is {ttft!r} s, the engine's {server_ttft:.3f} s (the client's can only be a little "
          f"longer: it includes the trip to the server). Time the first chunk with text, not the whole answer")
     assert abs(len(itl) - len(server_itl)) <= 1, \
-        f"{len(itl)} inter-token gaps, but the engine made {len(server_itl) + 1} tokens ({len(server_itl)} gaps)"
+        (f"{len(itl)} inter-token gaps, but the engine made {len(server_itl) + 1} tokens ({len(server_itl)} "
+         "gaps)")
     mean, server_mean = sum(itl) / max(1, len(itl)), sum(server_itl) / max(1, len(server_itl))
     assert abs(mean - server_mean) <= itl_tolerance * server_mean + 0.005, \
         f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"

@@ -1,4 +1,5 @@
-"""Start a learner's streaming server (lab 3) in a subprocess, so real clients can grade it, and always stop it.
+"""Start a learner's streaming server (lab 3) in a subprocess, so real clients can grade it, and
+always stop it.
 
 Why a subprocess: a server is graded from the outside, as a client sees it (the OpenAI SDK, raw SSE,
 disconnects); a broken one (an import error, a loop at import time, a hang) must cost only its own
@@ -90,14 +91,15 @@ class ServerProcess:
         return "the reference server" if self.app_file is None else f"your server ({self.app_file.name})"
 
     def start(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "minengine.course.server_grader", "--status", str(self.workdir / "status.json"),
-               "--parent", str(os.getpid())]
+        cmd = [sys.executable, "-m", "minengine.course.server_grader", "--status",
+               str(self.workdir / "status.json"), "--parent", str(os.getpid())]
         cmd += ["--reference"] if self.app_file is None else ["--app", str(self.app_file)]
         for m in self.models:
             cmd += ["--model", m]
         env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("NBGRADER_EXECUTION", None)
-        with open(self.workdir / "log.txt", "wb") as log:  # never the kernel's stderr: that zeroes a test cell
+        with open(self.workdir / "log.txt", "wb") as log:
+            # never the kernel's stderr: that zeroes a test cell
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=env,
                                          cwd=self.app_file.parent if self.app_file else None)
@@ -223,7 +225,8 @@ def server(app_file: str | Path = "lab3_server.py") -> ServerProcess:
     (launched now if it was not, or restarted if the file changed since)."""
     proc = launch(app_file)
     if proc.digest == "missing":
-        raise ServerProblem(f"there is no {proc.app_file.name}: run the server cell above (it writes the file)")
+        raise ServerProblem(f"there is no {proc.app_file.name}: run the server cell above (it writes the "
+                            "file)")
     proc.url()  # ServerProblem unless serving
     proc.check_own_code()
     return proc
@@ -266,15 +269,18 @@ class GraderApp:
         elif what == "records":
             body = [{"request_id": r.request_id, "arrival_time": r.arrival_time, "token_times": r.token_times,
                      "num_prompt_tokens": r.num_prompt_tokens, "num_output_tokens": r.num_output_tokens,
-                     "finish_reason": r.finish_reason} for r in list(engine.request_records)[-int(query.get("last", 50)):]]
+                     "finish_reason": r.finish_reason}
+                    for r in list(engine.request_records)[-int(query.get("last", 50)):]]
         else:
             body = {"unfinished": engine.get_num_unfinished_requests(),
                     "used_blocks": engine.scheduler.block_manager.num_used_blocks,
                     "finished": len(engine.request_records), "delay": self.control["delay"],
-                    "forbidden": sorted(m for m in sys.modules if m.startswith(FORBIDDEN) and m not in ALLOWED)}
+                    "forbidden": sorted(m for m in sys.modules
+                                        if m.startswith(FORBIDDEN) and m not in ALLOWED)}
         data = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
 
 
@@ -366,8 +372,9 @@ def run(args: argparse.Namespace) -> None:
                 status["error"] = f"build_app(llm, {name!r}) raised {type(e).__name__}: {e}"
                 _write_status(status_path, status)
                 raise SystemExit(2) from None
-            config = uvicorn.Config(GraderApp(app, llm, control), host="127.0.0.1", port=0, log_level="warning",
-                                    access_log=False, lifespan="auto", timeout_graceful_shutdown=1)
+            config = uvicorn.Config(GraderApp(app, llm, control), host="127.0.0.1", port=0,
+                                    log_level="warning", access_log=False, lifespan="auto",
+                                    timeout_graceful_shutdown=1)
             srv = uvicorn.Server(config)
             srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # SIGTERM just ends us
             tasks.append(asyncio.create_task(srv.serve()))

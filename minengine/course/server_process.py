@@ -96,10 +96,10 @@ class ServerProcess:
     server the same way.
     """
 
-    def __init__(self, model: str | None = "tinystories-4m", *, args: Sequence[str] = (), port: int | None = None,
-                 host: str = LOCALHOST, threads: int | None = 1, log_level: str = "warning",
-                 startup_timeout: float = 120.0, command: Sequence[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, model: str | None = "tinystories-4m", *, args: Sequence[str] = (),
+                 port: int | None = None, host: str = LOCALHOST, threads: int | None = 1,
+                 log_level: str = "warning", startup_timeout: float = 120.0,
+                 command: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
         self.model, self.args, self.host = model, list(args), host

@@ -85,7 +85,8 @@ def _find_choice_lists(cells: list[dict[str, Any]]) -> list[ChoiceList]:
                 options.append((m.group(1) != " ", m.group(2).rstrip()))
                 pos = m.end() + 1
             if len(options) < 2 or not any(right for right, _ in options):
-                raise TemplateError(f"cell {i}: choice list {mark.group(1)!r} needs 2+ options and a right one")
+                raise TemplateError(f"cell {i}: choice list {mark.group(1)!r} needs 2+ options and a right "
+                                    "one")
             found.append(ChoiceList(mark.group(1), options, i, (mark.start(), min(pos, len(text)))))
     ids = [c.qid for c in found]
     if len(ids) != len(set(ids)):

@@ -138,12 +138,14 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     if args.seed is not None and abs(args.seed) < 2**32:
         print(f"warning: seed {args.seed} is short; a student with the public sources could try every seed "
-              "up to it. Prefer e.g. python3 -c 'import secrets; print(secrets.randbits(62))'", file=sys.stderr)
+              "up to it. Prefer e.g. python3 -c 'import secrets; print(secrets.randbits(62))'",
+              file=sys.stderr)
     sources = None
     if args.assignment:  # one assignment only (e.g. the next lab of a running class)
         found = grading.discover_sources()
         if args.assignment not in found:
-            raise grading.GradingError(f"no assignment {args.assignment!r} (known: {', '.join(sorted(found))})")
+            raise grading.GradingError(f"no assignment {args.assignment!r} (known: "
+                                       f"{', '.join(sorted(found))})")
         sources = {args.assignment: found[args.assignment]}
     released = grading.release(args.course_dir, sources, timeout=args.timeout, seed=args.seed)
     for assignment, folder in released.items():
@@ -321,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_rel = course_cmd("release", "build the course directory and generate the student versions")
     p_rel.add_argument("--timeout", type=int, default=60, help="seconds per cell when grading (default 60)")
     p_rel.add_argument("--seed", type=int, default=None,
-                       help="course seed: this class's numbers and answer order (default: the last release's, "
-                            "else $MINENGINE_COURSE_SEED, else the public default)")
+                       help="course seed: this class's numbers and answer order (default: the last "
+                            "release's, else $MINENGINE_COURSE_SEED, else the public default)")
     p_rel.add_argument("--assignment", help="release only this assignment (default: every lab and quiz)")
     p_sub = course_cmd("submit", "put a student's notebooks under submitted/<student>/<assignment>/")
     p_sub.add_argument("--student", required=True)
@@ -343,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_val.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
     p_val.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
     p_grade = course_cmd("grade", "self-paced: grade your own notebooks with the hidden tests, with feedback")
-    p_grade.add_argument("notebooks", nargs="*", type=Path, help="default: every lab and quiz in the workspace")
+    p_grade.add_argument("notebooks", nargs="*", type=Path,
+                         help="default: every lab and quiz in the workspace")
     p_grade.add_argument("--workspace", type=Path, default=WORKSPACE_DIR)
     p_grade.add_argument("--no-open", dest="open", action="store_false", help="do not open the feedback page")
     return parser

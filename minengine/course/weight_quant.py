@@ -94,7 +94,8 @@ def round_trip(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt in ("bf16", "f16"):
         return weight.to(torch.bfloat16 if fmt == "bf16" else torch.float16).to(weight.dtype)
     if weight.dim() != 2 or weight.shape[-1] % BLOCK_SIZE:
-        raise ValueError(f"{fmt} needs rows that are a multiple of {BLOCK_SIZE} long, got {tuple(weight.shape)}")
+        raise ValueError(f"{fmt} needs rows that are a multiple of {BLOCK_SIZE} long, got "
+                         f"{tuple(weight.shape)}")
     x = weight.detach().float().cpu().numpy()
     if fmt in SYMMETRIC_BITS:
         out = quantize_symmetric(x, SYMMETRIC_BITS[fmt])
@@ -154,7 +155,8 @@ def unchanged_by(model: Any, plan: WeightPlan) -> tuple[int, int]:
     same = total = 0
     for _name, p, is_embedding in matrices(model):
         total += 1
-        same += bool(torch.equal(round_trip(p.detach(), plan.embedding if is_embedding else plan.layers), p.detach()))
+        same += bool(torch.equal(round_trip(p.detach(), plan.embedding if is_embedding else plan.layers),
+                                 p.detach()))
     return same, total
 
 
@@ -173,7 +175,8 @@ def weight_bytes(model: Any, plan: WeightPlan) -> int:
 
 # ---------------------------------------------------------------------------------------- measuring
 @torch.inference_mode()
-def chunked_perplexity(model: Any, token_ids: Sequence[int], n_ctx: int = 512, max_chunks: int | None = None) -> float:
+def chunked_perplexity(model: Any, token_ids: Sequence[int], n_ctx: int = 512,
+                       max_chunks: int | None = None) -> float:
     """Perplexity the way ``llama-perplexity`` computes it, so the two engines' numbers compare.
 
     The text is cut into chunks of ``n_ctx`` tokens, each run as one prefill with no cache; only the
@@ -249,8 +252,9 @@ class WeightResult:
 
 
 def compare_plans(llm: Any, prompts: Sequence[Sequence[int]], text_ids: Sequence[int],
-                  keys: Sequence[str | WeightPlan] = ("fp32", "bf16", "Q8_0", "Q4_0", "int3"), max_tokens: int = 64,
-                  n_ctx: int = 512, max_chunks: int | None = None, progress: bool = True) -> list[WeightResult]:
+                  keys: Sequence[str | WeightPlan] = ("fp32", "bf16", "Q8_0", "Q4_0", "int3"),
+                  max_tokens: int = 64, n_ctx: int = 512, max_chunks: int | None = None,
+                  progress: bool = True) -> list[WeightResult]:
     """Perplexity and greedy agreement of each plan (a key of ``PLANS`` or a ``WeightPlan`` of your own);
     the first is the reference.
 
@@ -268,5 +272,6 @@ def compare_plans(llm: Any, prompts: Sequence[Sequence[int]], text_ids: Sequence
             tokens = greedy_tokens(llm, prompts, max_tokens)
             ppl = chunked_perplexity(llm, text_ids, n_ctx, max_chunks)
         reference = reference or tokens
-        results.append(WeightResult(key, plan, weight_bytes(llm, plan), ppl, agreement(reference, tokens), tokens))
+        results.append(WeightResult(key, plan, weight_bytes(llm, plan), ppl, agreement(reference, tokens),
+                                    tokens))
     return results

@@ -32,7 +32,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.tokens = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])  # the decode window (from prefix_offset)
+        # the decode window (from prefix_offset)
+        self.tokens = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self._pieces: list[str] = []  # output text so far, in pieces (cut before a stop string)

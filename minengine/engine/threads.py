@@ -22,7 +22,8 @@ def set_torch_threads(n: int | None) -> int:
 
 @contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
-    """Run a block with ``n`` intra-op threads (None or 0: torch's setting), then restore the previous count."""
+    """Run a block with ``n`` intra-op threads (None or 0: torch's setting), then restore the previous
+    count."""
     before = torch.get_num_threads()
     set_torch_threads(n)
     try:

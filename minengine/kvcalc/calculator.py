@@ -48,12 +48,12 @@ MAX_CONTEXT_SEARCH = 2**24  # the "max context" search stops here (reached only 
 
 
 __all__ = [
-    "GiB", "DEFAULT_ACTIVATION_RESERVE_BYTES", "DEFAULT_BLOCK_SIZE", "MAX_CONTEXT_SEARCH", "DTYPE_BITS", "KV_CACHE_DTYPES", "PRESETS",
-    "KVCalcError", "KVEstimate", "KVSpec", "dtype_bytes", "estimate", "estimate_num_params", "format_bytes",
-    "from_hf_config", "from_hub", "kv_bytes_mha", "kv_bytes_per_batch", "kv_bytes_per_sequence",
-    "kv_bytes_per_token", "kv_bytes_per_token_per_layer", "kv_cache_budget", "kv_heads_per_rank",
-    "list_presets", "load_model_spec", "max_context_for_batch", "normalise_dtype", "tokens_held",
-    "model_dtype_of", "weight_bytes", "weight_dtype_of",
+    "GiB", "DEFAULT_ACTIVATION_RESERVE_BYTES", "DEFAULT_BLOCK_SIZE", "MAX_CONTEXT_SEARCH", "DTYPE_BITS",
+    "KV_CACHE_DTYPES", "PRESETS", "KVCalcError", "KVEstimate", "KVSpec", "dtype_bytes", "estimate",
+    "estimate_num_params", "format_bytes", "from_hf_config", "from_hub", "kv_bytes_mha", "kv_bytes_per_batch",
+    "kv_bytes_per_sequence", "kv_bytes_per_token", "kv_bytes_per_token_per_layer", "kv_cache_budget",
+    "kv_heads_per_rank", "list_presets", "load_model_spec", "max_context_for_batch", "normalise_dtype",
+    "tokens_held", "model_dtype_of", "weight_bytes", "weight_dtype_of",
 ]
 
 
@@ -207,7 +207,8 @@ def kv_cache_budget(memory_bytes: int, gpu_memory_utilization: float, weight_byt
     return int(memory_bytes * gpu_memory_utilization) - weight_bytes - activation_reserve_bytes
 
 
-def max_context_for_batch(seq_bytes_at: Callable[[int], int], batch_size: int, budget: int, ceiling: int) -> int:
+def max_context_for_batch(seq_bytes_at: Callable[[int], int], batch_size: int, budget: int,
+                          ceiling: int) -> int:
     """Largest context whose batch fits the budget (binary search; bytes grow with context)."""
     if batch_size * seq_bytes_at(ceiling) <= budget:
         return ceiling

@@ -18,7 +18,8 @@ def title(est: KVEstimate) -> str:
     spec, tp = est.spec, est.tensor_parallel_size
     name = spec.name + (f" ({spec.hf_id})" if spec.hf_id and spec.hf_id != spec.name else "")
     where = f" on {tp} x {est.gpu.name}" if est.gpu else ""
-    return f"KV cache: {name}{where}" + (f" (tensor parallel {tp}; byte counts are per GPU)" if tp > 1 else "")
+    return f"KV cache: {name}{where}" + (f" (tensor parallel {tp}; byte counts are per GPU)" if tp > 1
+                                         else "")
 
 
 def estimate_rows(est: KVEstimate) -> list[tuple[str, str, str]]:
@@ -28,7 +29,8 @@ def estimate_rows(est: KVEstimate) -> list[tuple[str, str, str]]:
     elem_bytes = DTYPE_BITS[est.kv_cache_dtype] / 8
     rows = [
         ("attention", spec.describe(), ""),
-        ("KV cache dtype", est.kv_cache_dtype, f"({elem_bytes:g} bytes per element, block_size {est.block_size})"),
+        ("KV cache dtype", est.kv_cache_dtype,
+         f"({elem_bytes:g} bytes per element, block_size {est.block_size})"),
         ("per token", format_bytes(est.bytes_per_token), f"({est.bytes_per_token:,} B{per_gpu})"),
         ("per sequence", format_bytes(est.bytes_per_sequence), f"({est.context_len:,} tokens)"),
         ("total", format_bytes(est.total_bytes), f"(batch {est.batch_size:,}"
@@ -49,7 +51,8 @@ def estimate_rows(est: KVEstimate) -> list[tuple[str, str, str]]:
         ("max concurrency", f"{est.max_num_seqs:,} sequences",
          f"({est.max_concurrency:.2f}x for {est.context_len:,} tokens per request)"),
         ("max context", _max_context(est),
-         f"(at batch {est.batch_size:,}" + ("; the model's limit)" if est.max_context_limited_by_model else ")")),
+         f"(at batch {est.batch_size:,}" + ("; the model's limit)" if est.max_context_limited_by_model
+                                            else ")")),
     ]
 
 
@@ -71,9 +74,9 @@ def format_estimate(est: KVEstimate) -> str:
 
 def explain(est: KVEstimate) -> str:
     """The capacity story in sentences (the seeds' "128K context on a 7B model" told for any input)."""
-    text = (f"Each token costs {format_bytes(est.bytes_per_token)} of KV cache, so one {est.context_len:,}-token "
-            f"sequence holds {format_bytes(est.bytes_per_sequence)} and a batch of {est.batch_size:,} holds "
-            f"{format_bytes(est.total_bytes)}.")
+    text = (f"Each token costs {format_bytes(est.bytes_per_token)} of KV cache, so one "
+            f"{est.context_len:,}-token sequence holds {format_bytes(est.bytes_per_sequence)} and a batch of "
+            f"{est.batch_size:,} holds {format_bytes(est.total_bytes)}.")
     if est.gpu is None or est.kv_budget_bytes is None or est.weight_bytes is None:
         return text
     text += (f" On {est.gpu.name} the weights take {format_bytes(est.weight_bytes)}, leaving "
@@ -96,6 +99,6 @@ def list_text() -> str:
         lines.append(f"  {key:<18}{spec.hf_id or '':<36}{spec.describe()}")
     lines.append("GPUs (dense BF16 TFLOP/s, memory, bandwidth):")
     for acc in ACCELERATORS.values():
-        lines.append(f"  {acc.key:<18}{acc.name:<28}{acc.bf16_tflops:>7.0f} TFLOP/s {acc.memory_gib:>5.0f} GiB "
-                     f"{acc.bandwidth_bytes_per_s / 1e12:>5.2f} TB/s")
+        lines.append(f"  {acc.key:<18}{acc.name:<28}{acc.bf16_tflops:>7.0f} TFLOP/s {acc.memory_gib:>5.0f} "
+                     f"GiB {acc.bandwidth_bytes_per_s / 1e12:>5.2f} TB/s")
     return "\n".join(lines)

@@ -38,10 +38,11 @@ import torch
 from minengine.models import data_dirs
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp", "activation.cpp",
-                        "rotary.cpp")]
+           for name in ("paged_attention.cpp", "onednn_linear.cpp", "gemv.cpp", "rms_norm.cpp",
+                        "activation.cpp", "rotary.cpp")]
 ENV_SWITCH = "MINENGINE_CPU_KERNELS"
-ENV_DIR = "MINENGINE_KERNELS_DIR"  # one folder for builds, instead of the environment's, then ~/.cache (_roots)
+# one folder for builds, instead of the environment's, then ~/.cache (_roots)
+ENV_DIR = "MINENGINE_KERNELS_DIR"
 # linear_kernels' measurements, kept with the build they timed. "_v2": timed in interleaved rounds since
 # 2026-12-02; the first file's entries, timed one kernel after another, are not read (some were skewed).
 TIMINGS_FILE = "linear_timings_v2.json"
@@ -110,13 +111,15 @@ def build(verbose: bool = False) -> bool:
         (folder / "BUILT").unlink(missing_ok=True)
         (folder / TIMINGS_FILE).unlink(missing_ok=True)  # a new build is timed afresh
         cflags, ldflags = _flags()
-        compile_and_load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags,
-                         build_directory=str(folder), is_python_module=False, verbose=verbose)
+        compile_and_load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=cflags,
+                         extra_ldflags=ldflags, build_directory=str(folder), is_python_module=False,
+                         verbose=verbose)
         (folder / "BUILT").write_text(f"{name}.so\n")
         _register_fake()
         _state.update(ok=True, error=None)
     except Exception as e:  # no compiler, no ninja, no headers, no writable cache
-        _state.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e) else ''}")
+        _state.update(ok=False,
+                      error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e) else ''}")
     _state["seconds"] = time.perf_counter() - start
     return bool(_state["ok"])
 
@@ -200,7 +203,8 @@ def _register_fake() -> None:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            sliding_window: int | None = None) -> torch.Tensor:
-    """q [B, H_q, D] fp32 against each row's first seq_lens[b] cached tokens -> [B, H_q, D] (see module doc)."""
+    """q [B, H_q, D] fp32 against each row's first seq_lens[b] cached tokens -> [B, H_q, D] (see module
+    doc)."""
     if not _state.get("ok") and not load():
         raise RuntimeError(f"the C++ decode-attention kernel is not available ({build_error()})")
     return torch.ops.minengine.paged_decode_attention(

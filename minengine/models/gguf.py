@@ -117,7 +117,8 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """[n, 32] values 0..15 -> [n, 16] bytes: weight i in the low nibble of byte i, weight i+16 in the high."""
+    """[n, 32] values 0..15 -> [n, 16] bytes: weight i in the low nibble of byte i, weight i+16 in the
+    high."""
     q = q.astype(np.uint8)
     return q[:, :16] | (q[:, 16:] << np.uint8(4))
 

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: not converted ({str(e).strip().splitlines()[0]})")
             continue
         if not data_dirs.writable(roots()[0]):
-            print(f"{name}: {roots()[0]} is read-only here; each user converts it on first load, into their cache")
+            print(f"{name}: {roots()[0]} is read-only here; each user converts it on first load, into their "
+                  "cache")
             continue
         start, done = time.perf_counter(), _finished(roots()[0] / folder_name(file))
         try:

@@ -101,7 +101,8 @@ class KernelLinear(nn.Linear):
         return self.run(x, self.weight, self.bias)
 
     def run(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x times ``weight`` (this layer's matrix, or some of its rows) with the kernel chosen for x's rows."""
+        """x times ``weight`` (this layer's matrix, or some of its rows) with the kernel chosen for x's
+        rows."""
         kernel = self.one_row if x.shape[0] == 1 else self.many_rows
         if kernel == "torch":
             return F.linear(x, weight, bias)
@@ -139,8 +140,8 @@ def prepack_fits(model: nn.Module, available: int | None = None) -> tuple[bool, 
         available = _available_memory()
     if available is None or need <= available // 4:
         return True, ""
-    return False, (f"weights not prepacked: the copy ({need / 2**20:,.0f} MiB) would take more than a quarter "
-                   f"of the {available / 2**20:,.0f} MiB available")
+    return False, (f"weights not prepacked: the copy ({need / 2**20:,.0f} MiB) would take more than a "
+                   f"quarter of the {available / 2**20:,.0f} MiB available")
 
 
 def _available_memory(root: str = "/") -> int | None:
@@ -156,7 +157,8 @@ def _available_memory(root: str = "/") -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     for limit, usage in (("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
-                         ("sys/fs/cgroup/memory/memory.limit_in_bytes", "sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                         ("sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
             cap = (base / limit).read_text().strip()
             if cap != "max" and int(cap) < 1 << 60:  # "max" / a huge number: no limit
@@ -288,7 +290,8 @@ def _load_timings(shape: tuple[int, int], threads: int) -> dict[str, float] | No
             saved = json.loads(path.read_text())[_timings_key(shape, threads)]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(saved, dict) and needed <= set(saved) and all(isinstance(saved[k], float) for k in needed):
+        if (isinstance(saved, dict) and needed <= set(saved)
+                and all(isinstance(saved[k], float) for k in needed)):
             return {k: saved[k] for k in needed}
     return None
 
@@ -325,7 +328,8 @@ def decide(times: dict[str, float]) -> KernelChoice:
         return fastest[1] if base / fastest[0] >= MARGIN else "torch"
 
     one, many = pick(1), pick(MANY_ROWS)
-    ratios = ", ".join(f"{k} {times[f'torch@{r}'] / times[f'{k}@{r}']:.1f}x faster than F.linear at {r} row(s)"
+    ratios = ", ".join(f"{k} {times[f'torch@{r}'] / times[f'{k}@{r}']:.1f}x faster than F.linear at {r} "
+                       "row(s)"
                        for r, k in ((1, one), (MANY_ROWS, many)) if k != "torch")
     return KernelChoice(one, many, ratios or "no kernel clearly faster than F.linear here", times)
 
@@ -340,7 +344,8 @@ def apply(model: nn.Module, one_row: str, many_rows: str | None = None, prepack:
     if "onednn" in (one_row, many_rows) and not onednn_available():
         raise ValueError("linear_kernel='onednn' needs a torch built with oneDNN (mkldnn); this one has none")
     if prepack and many_rows != "onednn":
-        raise ValueError(f"prepacked weights are oneDNN's layout: they need oneDNN for many rows, not {many_rows!r}")
+        raise ValueError("prepacked weights are oneDNN's layout: they need oneDNN for many rows, not "
+                         f"{many_rows!r}")
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):

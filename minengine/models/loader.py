@@ -117,7 +117,8 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None = None) -> Pa
     if name.startswith((".", "/", "~")) or os.sep in name:
         raise ModelNotFoundError(
             f"no folder at {name!r}: pass an existing Hugging Face model folder (config.json + "
-            f"model.safetensors), a shipped model name ({', '.join(shipped) or 'none'}), or a hub id 'org/name'"
+            f"model.safetensors), a shipped model name ({', '.join(shipped) or 'none'}), or a hub id "
+            "'org/name'"
         )
     raise ModelNotFoundError(
         f"model {name!r} not found: it is not a shipped model (shipped: {', '.join(shipped) or 'none'}), "

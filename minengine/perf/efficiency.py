@@ -67,7 +67,8 @@ class Efficiency:
 # attention_compute: FlashAttention-2 (Dao, 2023, Fig. 5/6: causal forward, head dim 128, A100) runs at
 # roughly 100-130 TFLOP/s at 512-1k tokens (~0.35-0.4 of peak) and reaches ~0.6-0.7 only at 8k-16k.
 _A100 = Efficiency(0.65, 0.74, 0.80, 0.40,
-                   "A100: gpt-fast, Vidur profiles (issue 14), TRT-LLM/lmdeploy tables; FlashAttention-2 Fig. 5")
+                   "A100: gpt-fast, Vidur profiles (issue 14), TRT-LLM/lmdeploy tables; FlashAttention-2 "
+                   "Fig. 5")
 # Hopper: no profile here. Assumed the A100 fractions (H100's larger peak is, if anything, harder to
 # reach: cuBLAS bf16 runs ~600-700 of 989 TFLOP/s on big GEMMs, ~0.65); FlashAttention-2 on H100 (not
 # FA-3) runs ~0.35 of peak at these lengths. fp8: GEMMs reach a lower fraction of the doubled fp8 peak

@@ -78,7 +78,8 @@ _ACCELERATORS: list[Accelerator] = [
     # NVIDIA Ada Lovelace architecture whitepaper, appendix (GeForce RTX 4090): BF16 tensor 165.2 TFLOPS
     # dense with FP32 accumulate (what PyTorch uses), FP8 330.3; 24GB GDDR6X at 1,008 GB/s.
     Accelerator("GeForce RTX 4090 24GB", "rtx-4090", 165.2, 330.3, 24 * GiB, 1.008 * TB,
-                "NVIDIA Ada whitepaper: BF16 165 (FP32 acc.) / FP8 330 TFLOPS dense, 24GB GDDR6X, 1,008 GB/s"),
+                "NVIDIA Ada whitepaper: BF16 165 (FP32 acc.) / FP8 330 TFLOPS dense, 24GB GDDR6X, "
+                "1,008 GB/s"),
     # AMD Instinct MI300X datasheet: BF16 1,307.4 / FP8 2,614.9 TFLOPS dense; 192GB HBM3 at 5.3 TB/s.
     Accelerator("AMD Instinct MI300X 192GB", "mi300x", 1307.4, 2614.9, 192 * GiB, 5.3 * TB,
                 "AMD MI300X datasheet: BF16 1,307 / FP8 2,615 TFLOPS dense, 192GB HBM3, 5.3 TB/s"),
@@ -118,7 +119,8 @@ def list_accelerators() -> list[str]:
 def get_accelerator(key: str | Accelerator) -> Accelerator:
     """Look up an accelerator by key or alias ("h100", "A100_80GB", ...).
 
-    Raises UnknownAcceleratorError (a KeyError) listing the valid keys, so a typo in a notebook or on the command line says what to type.
+    Raises UnknownAcceleratorError (a KeyError) listing the valid keys, so a typo in a notebook or on the
+    command line says what to type.
     """
     if isinstance(key, Accelerator):
         return key

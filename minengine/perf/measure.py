@@ -164,7 +164,8 @@ def measure_read_bandwidth(device: Any = "cpu", num_bytes: int | None = None, re
     return x.numel() * x.element_size() / seconds
 
 
-def measure_matmul_flops(device: Any = "cpu", n: int | None = None, repeats: int = 7, dtype: Any = None) -> float:
+def measure_matmul_flops(device: Any = "cpu", n: int | None = None, repeats: int = 7,
+                         dtype: Any = None) -> float:
     """FLOP/s of an n x n matmul (2 n^3 FLOPs): by default fp32 on CPU, bf16 on a GPU (``dtype``, a
     torch.dtype, picks another: a CPU's bf16 peak can be far above or below its fp32 one). On a CPU in
     fp32, the faster of torch's matmul and oneDNN's."""
@@ -180,8 +181,8 @@ def measure_matmul_flops(device: Any = "cpu", n: int | None = None, repeats: int
         # A peak is the machine's, not one library's: on an AMD EPYC MKL's fp32 matmul (what `a @ b`
         # calls) reached ~140 GFLOP/s with 2 threads where oneDNN's reached ~195 (the engine's Linear
         # layers use whichever is faster: models/linear_kernels.py)
-        onednn = _timeit(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""), _sync_for(dev),
-                         repeats, budget_s=1.0)
+        onednn = _timeit(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""),
+                         _sync_for(dev), repeats, budget_s=1.0)
         seconds = min(seconds, onednn)
     return 2 * n**3 / seconds
 

@@ -21,8 +21,8 @@ from minengine.perf.model_presets import PRESETS
 DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp64": 64}
 DTYPE_ALIASES: dict[str, str] = {
     "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-    "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "e5m2": "fp8",
-    "float64": "fp64", "double": "fp64",
+    "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8",
+    "e5m2": "fp8", "float64": "fp64", "double": "fp64",
 }
 _DTYPE_ALIASES = DTYPE_ALIASES  # the old private name
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")  # what a KV cache may be stored in
@@ -33,7 +33,8 @@ class KVCalcError(ValueError):
 
 
 def normalise_dtype(dtype: Any) -> str:
-    """The table's short name ("bf16") of any accepted spelling ("bfloat16", "torch.bfloat16", a torch.dtype)."""
+    """The table's short name ("bf16") of any accepted spelling ("bfloat16", "torch.bfloat16", a
+    torch.dtype)."""
     key = str(dtype).strip().lower().removeprefix("torch.")
     key = DTYPE_ALIASES.get(key, key)
     if key != "auto" and key not in DTYPE_BITS:
@@ -123,7 +124,8 @@ class KVSpec:
             text = (f"{self.attention_type}: {self.num_layers} layers x 2 x {self.num_kv_heads} KV heads x "
                     f"head_dim {self.head_dim} ({self.num_attention_heads} query heads)")
         if self.num_sliding_layers:
-            text += f"; {self.num_sliding_layers}/{self.num_layers} layers slide over {self.sliding_window} tokens"
+            text += (f"; {self.num_sliding_layers}/{self.num_layers} layers slide over {self.sliding_window} "
+                     "tokens")
         return text
 
 
@@ -293,7 +295,8 @@ def from_hf_config(config: dict[str, Any] | str | Path, *, name: str | None = No
         name=name or hf_id or str(cfg.get("_name_or_path") or cfg.get("model_type") or "custom"),
         num_layers=n_layers, num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
         layer_windows=layer_windows(cfg, n_layers, disable_sliding_window),
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0), qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
         max_position_embeddings=int(max_pos) if max_pos else None,
         num_params=num_params if num_params is not None else estimate_num_params(config),
         dtype=model_dtype_of(cfg), weight_dtype=weight_dtype_of(cfg), hf_id=hf_id,
@@ -336,7 +339,8 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> str:
     except ImportError as exc:
         raise KVCalcError("huggingface_hub is not installed: use a preset or a local config.json") from exc
     try:
-        path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
+        path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision,
+                                               local_files_only=True)
     except Exception:  # not cached: go online below
         try:
             if not _hub_reachable():
@@ -344,8 +348,9 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> str:
             path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision)
         except Exception as exc:  # offline, gated, missing repo: all end the same way for the user
             reason = " ".join(str(exc).split())[:200]  # hub errors can span lines; the CLI prints one
-            raise KVCalcError(f"could not fetch config.json for {repo_id!r} from the Hugging Face Hub ({reason}; "
-                              f"offline?). Use a preset ({', '.join(PRESETS)}) or a path to a config.json"
+            raise KVCalcError(f"could not fetch config.json for {repo_id!r} from the Hugging Face Hub "
+                              f"({reason}; offline?). Use a preset ({', '.join(PRESETS)}) or a path to a "
+                              "config.json"
                               ) from exc
     return path
 

@@ -132,7 +132,8 @@ async def show_models(raw_request: Request) -> ModelList:
 async def show_model(model_id: str, raw_request: Request) -> ModelCard:
     name = raw_request.app.state.model_name
     if model_id != name:
-        raise OpenAIError(f"The model `{model_id}` does not exist; this server serves `{name}`.", 404, "model")
+        raise OpenAIError(f"The model `{model_id}` does not exist; this server serves `{name}`.", 404,
+                          "model")
     return _model_card(raw_request.app.state)
 
 
@@ -264,7 +265,8 @@ _BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-
 
 def _field_path(loc: list[str]) -> list[str]:
     """A field's path without pydantic's union-branch labels: ``messages.0.user.content.str`` (the
-    message was read as the ``user`` kind, its content as a ``str``) is the client's ``messages.0.content``."""
+    message was read as the ``user`` kind, its content as a ``str``) is the client's
+    ``messages.0.content``."""
     out: list[str] = []
     for item in loc:
         if _BRANCH.match(item) or (out and out[-1].isdigit() and item in ROLES):

@@ -92,9 +92,10 @@ class CalibrationResult:
                      f"{100 * self.holdout_mape:.1f} % (held out)")
         for kind, (n, signed, absolute) in self.kind_errors().items():
             m = np.array([step_kind(s) == kind for s in self.steps])
-            lines.append(f"  {kind:>8}: {n:4d} steps, measured median {1e3 * np.median(self.measured[m]):.2f} ms, "
-                         f"predicted {1e3 * np.median(self.predicted[m]):.2f} ms, median error "
-                         f"{100 * signed:+.1f} %, median |error| {100 * absolute:.1f} %")
+            lines.append(f"  {kind:>8}: {n:4d} steps, measured median "
+                         f"{1e3 * np.median(self.measured[m]):.2f} ms, predicted "
+                         f"{1e3 * np.median(self.predicted[m]):.2f} ms, median error {100 * signed:+.1f} %, "
+                         f"median |error| {100 * absolute:.1f} %")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -182,7 +183,8 @@ def _fit(steps: Sequence[StepRecord], base: CostModel, per_seq: bool) -> CostMod
     ratio = grid[1] / grid[0]
     for rnd in range(4):
         for j in range(len(eff)):
-            cap = MAX_MEMORY_EFFICIENCY if EFFICIENCY_NAMES[j] in ("weight_stream", "kv_stream") else MAX_EFFICIENCY
+            cap = (MAX_MEMORY_EFFICIENCY if EFFICIENCY_NAMES[j] in ("weight_stream", "kv_stream")
+                   else MAX_EFFICIENCY)
             lo, hi = (grid[0], cap) if rnd < 2 else (eff[j] / ratio, min(eff[j] * ratio, cap))
             best = (np.inf, eff[j])
             for g in np.geomspace(lo, hi, 41 if rnd < 2 else 21):

@@ -117,7 +117,8 @@ class DisaggregatedCluster(SimulatorBase):
             i = int(req.request_id)
             moved = make_request(spec, i)  # the whole output budget; its first token is already known
             moved.append_output_token(req.token_ids[-1], req.record.token_times[0])
-            if spec.max_tokens is not None:  # its true length stays with the executor (RequestSpec.max_tokens)
+            if spec.max_tokens is not None:
+                # its true length stays with the executor (RequestSpec.max_tokens)
                 self.executor.eos_at[moved.request_id] = spec.output_len
             decode_records[i] = moved.record
             target.add_request(moved, num_computed_tokens=spec.prompt_len)

@@ -25,15 +25,17 @@ class RooflineExecutor:
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
-        # request id -> its true output length, for requests that must not reveal it (``RequestSpec.max_tokens``):
-        # the token that reaches it is an EOS. Kept here, not on the request, so a policy never sees it.
+        # request id -> its true output length, for requests that must not reveal it
+        # (``RequestSpec.max_tokens``): the token that reaches it is an EOS. Kept here, not on the request,
+        # so a policy never sees it.
         self.eos_at: dict[str, int] = {}
         cm, m = cost_model, cost_model.model
         self._full_attention = all(w is None for w in m.layer_windows)
         # Constants of the fast path (the per-op sum of CostModel.step_cost, written out), in seconds per
         # token / per sampled row / per pair / per KV token, already divided by each op's rate.
         r, bpp = cm.rates(), m.weight_bytes_per_param
-        gemm, weights, kv, attn = r["gemm_compute"], r["weight_stream"], r["kv_stream"], r["attention_compute"]
+        gemm, weights, kv, attn = (r["gemm_compute"], r["weight_stream"], r["kv_stream"],
+                                   r["attention_compute"])
         proj, mlp = m.proj_flop_params, m.body_flop_params - m.proj_flop_params
         self._proj = (2.0 * proj / gemm, m.proj_params * bpp / weights)  # (per token, per step)
         self._mlp = (2.0 * mlp / gemm, (m.streamed_body_params - m.proj_params) * bpp / weights)

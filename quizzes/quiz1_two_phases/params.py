@@ -35,19 +35,19 @@ def _decode_floor(rng: random.Random) -> dict:
     key = round(weight_gb / tbps, 3)  # GB / (TB/s) = ms
     tol = round(0.05 * key, 2)
     return {
-        "q5_setup": (f"{'an' if billions in (8, 18, 80) else 'a'} {billions}-billion-parameter model whose weights are stored in {dtype} "
-                     f"({nbytes} byte{'s' if nbytes > 1 else ''} per parameter) on one {gpu} "
-                     f"({mem_gb} GB of HBM read at {tbps:g} TB/s; about {tflops} TFLOP/s of dense BF16 "
-                     f"arithmetic)"),
+        "q5_setup": (f"{'an' if billions in (8, 18, 80) else 'a'} {billions}-billion-parameter model whose "
+                     f"weights are stored in {dtype} ({nbytes} byte{'s' if nbytes > 1 else ''} per "
+                     f"parameter) on one {gpu} ({mem_gb} GB of HBM read at {tbps:g} TB/s; about {tflops} "
+                     f"TFLOP/s of dense BF16 arithmetic)"),
         "q5_key": key,
         "q5_tol": tol,
         "q5_tol_text": f"{tol:g}",
         "q5_why": (f"At batch 1 every decode step streams all {weight_gb} GB of weights "
-                   f"({billions} billion parameters x {nbytes} byte{'s' if nbytes > 1 else ''}) from memory, and nothing can make a step shorter "
-                   f"than {weight_gb} GB / {tbps:g} TB/s = {key:.2f} ms. The FLOP/s figure does not enter: "
-                   f"one token needs about 2 x {billions} = {2 * billions} GFLOP, "
-                   f"{2 * billions / tflops:.3f} ms of arithmetic at that rate, far less than the read. "
-                   f"Common slips: forgetting the bytes per parameter, mixing up bits and bytes, or "
+                   f"({billions} billion parameters x {nbytes} byte{'s' if nbytes > 1 else ''}) from memory, "
+                   f"and nothing can make a step shorter than {weight_gb} GB / {tbps:g} TB/s = {key:.2f} ms. "
+                   f"The FLOP/s figure does not enter: one token needs about 2 x {billions} = {2 * billions} "
+                   f"GFLOP, {2 * billions / tflops:.3f} ms of arithmetic at that rate, far less than the "
+                   f"read. Common slips: forgetting the bytes per parameter, mixing up bits and bytes, or "
                    f"dividing by the FLOP/s instead of the bandwidth."),
     }
 

@@ -62,13 +62,14 @@ def _critical_batch(rng: random.Random) -> dict:
         "q2_why": (f"The ridge point is peak arithmetic over bandwidth: {tflops:,} TFLOP/s / {tbps:g} TB/s = "
                    f"{ridge:.0f} FLOP/byte. A decode step at batch B does about 2 x B FLOPs (a multiply and "
                    f"an add per sequence) for each weight it reads, and each weight costs {bpp:g} byte"
-                   f"{'s' if bpp != 1 else ''}, so the weight matmuls run at 2B / {bpp:g} = {coef}B FLOP/byte. "
-                   f"They meet the ridge at B = {ridge:.1f} x {bpp:g} / 2 = {key:g}. The model's size does not "
-                   f"enter: a bigger model reads more bytes and does proportionally more FLOPs. "
+                   f"{'s' if bpp != 1 else ''}, so the weight matmuls run at 2B / {bpp:g} = {coef}B "
+                   f"FLOP/byte. They meet the ridge at B = {ridge:.1f} x {bpp:g} / 2 = {key:g}. The model's "
+                   "size does not enter: a bigger model reads more bytes and does proportionally more "
+                   "FLOPs. "
                    + ("In bf16 the critical batch is the ridge itself. " if bpp == 2 else
                       f"Smaller weights mean fewer bytes for the same FLOPs, so the critical batch is "
-                      f"{2 / bpp:g}x below the ridge of {ridge:.0f}: taking the ridge as the batch forgets the bytes "
-                      f"per parameter. ")
+                      f"{2 / bpp:g}x below the ridge of {ridge:.0f}: taking the ridge as the batch forgets "
+                      f"the bytes per parameter. ")
                    + "Reading the KV cache as well lowers the intensity of the whole step, so in practice "
                      "the step turns compute-bound at an even larger batch than this."),
     }
@@ -92,13 +93,13 @@ def _p99(rng: random.Random) -> dict:
         "q4_tol": tol,
         "q4_tol_text": f"{tol:g}",
         "q4_why": (f"With n = {n} sorted samples, numpy puts the 99th percentile at position 0.99 x (n - 1) "
-                   f"= {pos:.2f} counting from 0, that is between the second largest value (position {n - 2}, "
-                   f"{second:,} ms) and the largest (position {n - 1}, {largest:,} ms), {frac:.0%} of the way: "
-                   f"{second:,} + {frac:.2f} x {largest - second:,} = {key:,.1f} ms. With so few requests the p99 "
-                   f"is the maximum, slightly shaded: one unlucky request sets it, and the next run will "
-                   f"print a different number (below 100 requests it always lies between the two slowest). "
-                   f"The other three values do not enter at all. For a p99 you can trust, send enough requests that a "
-                   f"few dozen lie beyond it (thousands), and say how many you sent."),
+                   f"= {pos:.2f} counting from 0, that is between the second largest value (position "
+                   f"{n - 2}, {second:,} ms) and the largest (position {n - 1}, {largest:,} ms), {frac:.0%} "
+                   f"of the way: {second:,} + {frac:.2f} x {largest - second:,} = {key:,.1f} ms. With so few "
+                   "requests the p99 is the maximum, slightly shaded: one unlucky request sets it, and the "
+                   "next run will print a different number (below 100 requests it always lies between the "
+                   "two slowest). The other three values do not enter at all. For a p99 you can trust, send "
+                   f"enough requests that a few dozen lie beyond it (thousands), and say how many you sent."),
     }
 
 
@@ -110,19 +111,21 @@ def _kv_per_token(rng: random.Random) -> dict:
     mha = 2 * layers * hidden * nbytes / 1024
     tol = round(0.02 * key, 2)
     return {
-        "q8_setup": (f"{name}, whose config.json says `num_hidden_layers: {layers}`, `hidden_size: {hidden}`, "
-                     f"`num_attention_heads: {q_heads}`, `num_key_value_heads: {kv_heads}`, `head_dim: {head_dim}`"),
+        "q8_setup": (f"{name}, whose config.json says `num_hidden_layers: {layers}`, `hidden_size: "
+                     f"{hidden}`, `num_attention_heads: {q_heads}`, `num_key_value_heads: {kv_heads}`, "
+                     f"`head_dim: {head_dim}`"),
         "q8_dtype": dtype,
         "q8_key": key,
         "q8_mha": mha,
         "q8_tol": tol,
         "q8_tol_text": f"{tol:g}",
-        "q8_why": (f"Each layer keeps one key and one value vector per KV head: 2 x {layers} layers x {kv_heads} "
-                   f"KV heads x {head_dim} x {nbytes} byte{'s' if nbytes > 1 else ''} ({dtype}) = {per_token:,} "
-                   f"bytes = {key:g} KiB per token. The {q_heads} query heads share those {kv_heads} KV heads "
-                   f"(grouped-query attention, {q_heads // kv_heads} query heads per KV head), so the formula with "
-                   f"the hidden size, 2 x layers x {hidden} x {nbytes} = {mha:g} KiB, describes the multi-head "
-                   f"case and overstates this cache {q_heads // kv_heads}x. The number of query heads does not enter."),
+        "q8_why": (f"Each layer keeps one key and one value vector per KV head: 2 x {layers} layers x "
+                   f"{kv_heads} KV heads x {head_dim} x {nbytes} byte{'s' if nbytes > 1 else ''} ({dtype}) = "
+                   f"{per_token:,} bytes = {key:g} KiB per token. The {q_heads} query heads share those "
+                   f"{kv_heads} KV heads (grouped-query attention, {q_heads // kv_heads} query heads per KV "
+                   f"head), so the formula with the hidden size, 2 x layers x {hidden} x {nbytes} = {mha:g} "
+                   f"KiB, describes the multi-head case and overstates this cache {q_heads // kv_heads}x. "
+                   "The number of query heads does not enter."),
     }
 
 
@@ -147,13 +150,13 @@ def _capacity(rng: random.Random) -> dict:
         "q9_tol": tol,
         "q9_tol_text": f"{tol:g}",
         "q9_why": (f"The cache is cut into blocks of {block} tokens: {gib} GiB / ({block} x {kv_kib} KiB) = "
-                   f"{num_blocks:,} blocks. A request of {length:,} tokens holds ceil({length:,} / {block}) = "
-                   f"{blocks_per_req} blocks ({blocks_per_req * block:,} token slots: its last block is almost "
-                   f"empty), so {num_blocks:,} // {blocks_per_req} = {key:,} requests fit. Dividing the tokens "
-                   f"({gib * 1024 * 1024 // kv_kib:,}) by {length:,} gives {naive:,}: it forgets that a block is "
-                   f"taken whole, which costs most when a request ends just past a block boundary, as here. "
-                   f"This is the maximum concurrency vLLM logs at start-up; the cache may allow it while "
-                   f"max_num_seqs or the compute per step does not."),
+                   f"{num_blocks:,} blocks. A request of {length:,} tokens holds ceil({length:,} / {block}) "
+                   f"= {blocks_per_req} blocks ({blocks_per_req * block:,} token slots: its last block is "
+                   f"almost empty), so {num_blocks:,} // {blocks_per_req} = {key:,} requests fit. Dividing "
+                   f"the tokens ({gib * 1024 * 1024 // kv_kib:,}) by {length:,} gives {naive:,}: it forgets "
+                   "that a block is taken whole, which costs most when a request ends just past a block "
+                   "boundary, as here. This is the maximum concurrency vLLM logs at start-up; the cache may "
+                   f"allow it while max_num_seqs or the compute per step does not."),
     }
 
 

@@ -52,14 +52,15 @@ def _littles_law(rng: random.Random) -> dict:
         "q3_no_ttft": no_ttft,
         "q3_tol": tol,
         "q3_tol_text": f"{tol:g}",
-        "q3_why": (f"Little's law: the average number of requests inside a system is their arrival rate times "
-                   f"the average time each spends there, L = lambda x W. A request stays from arrival to its "
-                   f"last token: E2E = TTFT + (output tokens - 1) x TPOT = {ttft:g} + {n_out - 1} x "
-                   f"{tpot_ms / 1000:g} = {e2e:.3f} s, so L = {rate} x {e2e:.3f} = {key:g} requests. Counting "
-                   f"only the decode ({rate} x {n_out} x {tpot_ms / 1000:g} = {no_ttft:g}) leaves out the "
-                   f"requests waiting or prefilling, which hold the server (and, once admitted, KV blocks) too. "
-                   f"The law needs no assumption about arrivals or service order, which is why it checks an "
-                   f"engine's own records, and sizes max_num_seqs and the KV cache for a given load."),
+        "q3_why": ("Little's law: the average number of requests inside a system is their arrival rate "
+                   "times the average time each spends there, L = lambda x W. A request stays from arrival "
+                   f"to its last token: E2E = TTFT + (output tokens - 1) x TPOT = {ttft:g} + {n_out - 1} x "
+                   f"{tpot_ms / 1000:g} = {e2e:.3f} s, so L = {rate} x {e2e:.3f} = {key:g} requests. "
+                   f"Counting only the decode ({rate} x {n_out} x {tpot_ms / 1000:g} = {no_ttft:g}) leaves "
+                   "out the requests waiting or prefilling, which hold the server (and, once admitted, KV "
+                   "blocks) too. The law needs no assumption about arrivals or service order, which is why "
+                   "it checks an engine's own records, and sizes max_num_seqs and the KV cache for a given "
+                   "load."),
     }
 
 
@@ -77,9 +78,9 @@ def _chunked(rng: random.Random) -> dict:
     assert ttft - whole > 0.03 * ttft and whole - spike > 0.05 * spike
     return {
         "q6_setup": (f"{streams} requests are decoding, one token each per step. The step records fit a "
-                     f"simple cost: a step takes {base} ms (with those {streams} decodes) plus {per_tok:g} ms "
-                     f"for each prompt token it prefills. The engine schedules decodes first, then fills the "
-                     f"rest of its token budget, `max_num_batched_tokens = {budget}`, with prompt chunks "
+                     f"simple cost: a step takes {base} ms (with those {streams} decodes) plus {per_tok:g} "
+                     "ms for each prompt token it prefills. The engine schedules decodes first, then fills "
+                     f"the rest of its token budget, `max_num_batched_tokens = {budget}`, with prompt chunks "
                      f"(chunked prefill on). A request R arrives with a {prompt:,}-token prompt"),
         "q6_key": spike,
         "q6_whole": whole,
@@ -88,22 +89,22 @@ def _chunked(rng: random.Random) -> dict:
         "q6_why": (f"Decodes go first: the {streams} running requests take {streams} tokens of the "
                    f"{budget}-token budget, leaving {chunk} for R's prompt. So R is prefilled in chunks of "
                    f"{chunk} tokens, and each step that carries one takes {base} + {per_tok:g} x {chunk} = "
-                   f"{spike:g} ms: that is the longest gap a decoding stream sees. Without chunking, the one step "
-                   f"holding all {prompt:,} prompt tokens would take {base} + {per_tok:g} x {prompt:,} = "
-                   f"{whole:g} ms, and every stream would get a gap that long. With chunking the worst gap is "
-                   f"set by the budget, not by the longest prompt that happens to arrive."),
+                   f"{spike:g} ms: that is the longest gap a decoding stream sees. Without chunking, the one "
+                   f"step holding all {prompt:,} prompt tokens would take {base} + {per_tok:g} x {prompt:,} "
+                   f"= {whole:g} ms, and every stream would get a gap that long. With chunking the worst gap "
+                   f"is set by the budget, not by the longest prompt that happens to arrive."),
         "q7_key": ttft,
         "q7_whole": whole,
         "q7_tol": round(0.03 * ttft, 1),
         "q7_tol_text": f"{round(0.03 * ttft, 1):g}",
-        "q7_why": (f"R needs ceil({prompt:,} / {chunk}) = {n_chunks} steps (the last chunk is shorter). Each of "
-                   f"them costs the {base} ms of the step plus its prompt tokens, and the prompt tokens add up "
-                   f"to {prompt:,} whatever the chunking: {n_chunks} x {base} + {per_tok:g} x {prompt:,} = "
-                   f"{ttft:g} ms until R's first token, against {whole:g} ms if its whole prompt ran in one step. "
-                   f"Chunking does not reduce the prefill work; it spreads it over {n_chunks} steps, each of "
-                   f"which also pays for the decodes. That is the trade-off of max_num_batched_tokens: a "
-                   f"smaller budget shortens the other streams' worst gap (Q6) and lengthens the long prompt's "
-                   f"TTFT."),
+        "q7_why": (f"R needs ceil({prompt:,} / {chunk}) = {n_chunks} steps (the last chunk is shorter). Each "
+                   f"of them costs the {base} ms of the step plus its prompt tokens, and the prompt tokens "
+                   f"add up to {prompt:,} whatever the chunking: {n_chunks} x {base} + {per_tok:g} x "
+                   f"{prompt:,} = {ttft:g} ms until R's first token, against {whole:g} ms if its whole "
+                   "prompt ran in one step. Chunking does not reduce the prefill work; it spreads it over "
+                   f"{n_chunks} steps, each of which also pays for the decodes. That is the trade-off of "
+                   "max_num_batched_tokens: a smaller budget shortens the other streams' worst gap (Q6) and "
+                   f"lengthens the long prompt's TTFT."),
     }
 
 

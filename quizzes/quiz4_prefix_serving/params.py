@@ -29,16 +29,16 @@ def _prefix_hit(rng: random.Random) -> dict:
         "q1_unblocked": stamp + question,
         "q1_tol": 2,
         "q1_tol_text": "2",
-        "q1_why": (f"In the new layout every request starts with the same {system:,} system-prompt tokens, so "
-                   f"the second request finds the first one's blocks in the cache, but only whole blocks: "
+        "q1_why": (f"In the new layout every request starts with the same {system:,} system-prompt tokens, "
+                   f"so the second request finds the first one's blocks in the cache, but only whole blocks: "
                    f"{system:,} // {BLOCK} = {system // BLOCK} full blocks, {cached:,} tokens. The last "
                    f"{system - cached} system-prompt tokens share a block with the time line, which differs, "
                    f"so that block misses. It prefills {total:,} - {cached:,} = {key} tokens: "
                    f"{system - cached} of the system prompt, {stamp} of the time line and {question} of the "
                    f"question. With the time line in front, the very first block already differed, and since "
                    f"each block's hash includes the one before it, nothing matched: all {total:,} tokens. "
-                   f"Counting only the time line and the question ({stamp + question}) forgets that the cache "
-                   f"works in blocks."),
+                   f"Counting only the time line and the question ({stamp + question}) forgets that the "
+                   f"cache works in blocks."),
     }
 
 
@@ -68,12 +68,12 @@ def _top_k(rng: random.Random) -> dict:
         "q5_all_docs": all_docs,
         "q5_tol": tol,
         "q5_tol_text": f"{tol:g}",
-        "q5_why": (f"The system prompt fills exactly {system_blocks} blocks and is the same for everyone, so it "
-                   f"comes from the prefix cache. The documents differ from question to question, so "
+        "q5_why": (f"The system prompt fills exactly {system_blocks} blocks and is the same for everyone, so "
+                   f"it comes from the prefix cache. The documents differ from question to question, so "
                    f"everything from the first document on is computed: {k} x {doc} + {question} = "
                    f"{tokens:,} tokens at {speed:,} tokens/s, {key:g} ms. With all {docs_all} documents the "
-                   f"same request would prefill {docs_all * doc + question:,} tokens ({all_docs:g} ms) and hold "
-                   f"their KV cache for as long as it runs, which lowers how many requests fit at once. "
+                   f"same request would prefill {docs_all * doc + question:,} tokens ({all_docs:g} ms) and "
+                   f"hold their KV cache for as long as it runs, which lowers how many requests fit at once. "
                    f"Counting the system prompt too ({with_system:g} ms) forgets the cache, which is why the "
                    f"stable part goes first and the documents after it."),
     }

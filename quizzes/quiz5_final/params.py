@@ -35,17 +35,17 @@ def _kv_transfer(rng: random.Random) -> dict:
     tol = round(0.03 * key, 2)
     return {
         "q2_setup": (f"{model} with its KV cache in {dtype} ({kib} KiB per token); a request arrives with "
-                     f"{'an' if prompt == 8000 else 'a'} {prompt:,}-token prompt, and the two pools are connected by a {gbps} Gb/s link "
-                     f"(gigabits per second)"),
+                     f"{'an' if prompt == 8000 else 'a'} {prompt:,}-token prompt, and the two pools are "
+                     f"connected by a {gbps} Gb/s link (gigabits per second)"),
         "q2_key": key,
         "q2_bits": round(key / 8, 3),
         "q2_tol": tol,
         "q2_tol_text": f"{tol:g}",
         "q2_why": (f"The decode instance needs the prompt's whole KV cache: {prompt:,} tokens x {kib} KiB = "
                    f"{nbytes:,} bytes ({nbytes / 1e9:.2f} GB). A {gbps} Gb/s link carries {gbps} / 8 = "
-                   f"{gb_per_s:g} GB/s, so the transfer takes {nbytes / 1e9:.3f} / {gb_per_s:g} s = {key:g} ms "
-                   f"(plus a fixed latency, ignored here). Forgetting that links are quoted in bits gives an "
-                   f"answer 8x too small. This time lands between the first token and the second, in the "
+                   f"{gb_per_s:g} GB/s, so the transfer takes {nbytes / 1e9:.3f} / {gb_per_s:g} s = {key:g} "
+                   "ms (plus a fixed latency, ignored here). Forgetting that links are quoted in bits gives "
+                   f"an answer 8x too small. This time lands between the first token and the second, in the "
                    f"user's first inter-token gap: next to a TPOT SLO of tens of ms, a transfer of this size "
                    f"{'is small' if key < 10 else 'matters' if key < 100 else 'breaks it on its own'}. "
                    f"It grows with the prompt, which is why disaggregation runs on fast fabrics."),
@@ -71,11 +71,11 @@ def _concurrency(rng: random.Random) -> dict:
         "q4_tol_text": f"{tol:g}",
         "q4_why": (f"Little's law on the decode pool: sequences decoding at once = the rate at which they "
                    f"arrive x how long each one decodes. Each request decodes for about {out} tokens x "
-                   f"{tpot} ms = {out * tpot / 1000:g} s, so the fleet holds {rate} x {out * tpot / 1000:g} = "
-                   f"{total:g} sequences, {total:g} / {gpus} = {key:g} per decode GPU. This is the batch each "
-                   f"GPU must run (and the KV cache it must keep resident) to hold that TPOT, the number "
-                   f"that sets max_num_seqs; {rate} requests/s alone says nothing about it until you know "
-                   f"how many tokens each answer has."),
+                   f"{tpot} ms = {out * tpot / 1000:g} s, so the fleet holds {rate} x {out * tpot / 1000:g} "
+                   f"= {total:g} sequences, {total:g} / {gpus} = {key:g} per decode GPU. This is the batch "
+                   "each GPU must run (and the KV cache it must keep resident) to hold that TPOT, the "
+                   f"number that sets max_num_seqs; {rate} requests/s alone says nothing about it until you "
+                   f"know how many tokens each answer has."),
     }
 
 
@@ -103,12 +103,13 @@ def _kv_use(rng: random.Random) -> dict:
         "q5_full": full,
         "q5_tol": tol,
         "q5_tol_text": f"{tol:g}",
-        "q5_why": (f"A sequence caught halfway through its answer holds its prompt and half its output: {prompt:,} + "
-                   f"{out} / 2 = {prompt + out / 2:,.0f} tokens. {seqs} of them hold {tokens:,.0f} tokens x "
-                   f"{kib} KiB = {used_gib:.2f} GiB, {key:g}% of the {cap_gib} GiB cache. That is the average; "
-                   f"the long prompts of the tail and bursts of arrivals push it higher, and once the cache is "
-                   f"full the scheduler preempts (lesson 05), so a plan keeps headroom. Counting every "
-                   f"sequence at its full length ({full:g}%) sizes for the worst moment of every request at once."),
+        "q5_why": ("A sequence caught halfway through its answer holds its prompt and half its output: "
+                   f"{prompt:,} + {out} / 2 = {prompt + out / 2:,.0f} tokens. {seqs} of them hold "
+                   f"{tokens:,.0f} tokens x {kib} KiB = {used_gib:.2f} GiB, {key:g}% of the {cap_gib} GiB "
+                   "cache. That is the average; the long prompts of the tail and bursts of arrivals push it "
+                   "higher, and once the cache is full the scheduler preempts (lesson 05), so a plan keeps "
+                   f"headroom. Counting every sequence at its full length ({full:g}%) sizes for the worst "
+                   "moment of every request at once."),
     }
 
 

@@ -42,7 +42,8 @@ def check_rate(rate: object) -> float:
         raise ValueError(f"the request rate must be 0 (everything at once) or a positive number of requests "
                          f"per second, got {value:g}")
     if value > MAX_RATE:
-        raise ValueError(f"{value:g} requests per second is beyond any single GPU; try a rate below {MAX_RATE:g}")
+        raise ValueError(f"{value:g} requests per second is beyond any single GPU; try a rate below "
+                         f"{MAX_RATE:g}")
     return math.inf if value == 0 else value
 
 
@@ -62,22 +63,26 @@ class BatchingWidget:
         style, layout = {"description_width": "150px"}, widgets.Layout(width="380px")
         self.num_requests = num_requests
         self.gpu = widgets.Dropdown(options=[(v, k) for k, v in GPU_CHOICES.items()], value=gpu,
-                                    description="GPU (simulated)", style=style, layout=layout).add_class("me-bat-gpu")
+                                    description="GPU (simulated)", style=style,
+                                    layout=layout).add_class("me-bat-gpu")
         self.scheduler = widgets.Dropdown(options=[(v, k) for k, v in SCHEDULERS.items()], value=scheduler,
                                           description="Scheduler", style=style,
                                           layout=layout).add_class("me-bat-scheduler")
         self.max_num_seqs = widgets.Dropdown(options=list(SEQS_CHOICES), value=max_num_seqs,
                                              description="max_num_seqs", style=style,
                                              layout=layout).add_class("me-bat-seqs")
-        self.rate = widgets.FloatText(value=rate, description="Rate (req/s, 0 = all)", continuous_update=False,
-                                      style=style, layout=layout).add_class("me-bat-rate")
-        self.sigma = widgets.FloatSlider(value=sigma, min=0.0, max=2.0, step=0.25, description="Answer spread σ",
-                                         continuous_update=False, readout_format=".2f", style=style,
+        self.rate = widgets.FloatText(value=rate, description="Rate (req/s, 0 = all)",
+                                      continuous_update=False, style=style,
+                                      layout=layout).add_class("me-bat-rate")
+        self.sigma = widgets.FloatSlider(value=sigma, min=0.0, max=2.0, step=0.25,
+                                         description="Answer spread σ", continuous_update=False,
+                                         readout_format=".2f", style=style,
                                          layout=layout).add_class("me-bat-sigma")
         self.clear_button = widgets.Button(description="Clear history").add_class("me-bat-clear")
         self.message = widgets.HTML().add_class("me-bat-message")
         self.summary = widgets.HTML().add_class("me-bat-summary")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-bat-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-bat-plot")
         self.figure = Figure(figsize=(10, 3.3), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
         self.ax_run, self.ax_frontier = self.figure.subplots(1, 2)
@@ -90,7 +95,8 @@ class BatchingWidget:
         for control in self.controls:
             control.observe(lambda _change: self.update(), names="value")
         self.clear_button.on_click(lambda _b: self.clear())
-        inputs = widgets.HBox([widgets.VBox(self.controls[:3]), widgets.VBox([*self.controls[3:], self.clear_button])],
+        inputs = widgets.HBox([widgets.VBox(self.controls[:3]),
+                               widgets.VBox([*self.controls[3:], self.clear_button])],
                               layout=widgets.Layout(flex_flow="row wrap"))
         self.results = [self.summary, self.plot]
         self.widget = widgets.VBox([inputs, self.message, *self.results]).add_class("me-bat-widget")
@@ -102,8 +108,8 @@ class BatchingWidget:
             rate, sigma = check_rate(self.rate.value), check_sigma(self.sigma.value)
             if self.gpu.value not in GPU_CHOICES:
                 raise ValueError(f"unknown GPU {self.gpu.value!r}: pick one of {', '.join(GPU_CHOICES)}")
-            point = simulate_point(self.gpu.value, self.scheduler.value == "static", int(self.max_num_seqs.value),
-                                   rate, self.num_requests, sigma=sigma)
+            point = simulate_point(self.gpu.value, self.scheduler.value == "static",
+                                   int(self.max_num_seqs.value), rate, self.num_requests, sigma=sigma)
         except ValueError as exc:
             self._show_error(str(exc))
             return
@@ -149,8 +155,8 @@ class BatchingWidget:
             ax.step([s.start - t0 for s in steps], [s.num_running for s in steps], where="post",
                     color=COLORS[p.label], linewidth=0.8)
         ax.axhline(p.max_num_seqs, color="gray", linestyle=":", label=f"max_num_seqs {p.max_num_seqs}")
-        ax.set(xlabel="simulated time (s)", ylabel="requests in the batch", title="this run: how full the batch is",
-               ylim=(0, p.max_num_seqs * 1.1))
+        ax.set(xlabel="simulated time (s)", ylabel="requests in the batch",
+               title="this run: how full the batch is", ylim=(0, p.max_num_seqs * 1.1))
         ax.legend(fontsize=8, loc="lower right")
 
         ax = self.ax_frontier

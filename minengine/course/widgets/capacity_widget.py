@@ -27,7 +27,8 @@ LOADS = (0.3, 0.6, 0.9, 1.2, 1.6, 2.2, 3.0)  # rates tried, as multiples of the 
 
 def capacity_guess(prompt_mean: float, output_mean: float, gpus: int) -> float:
     """Requests/s of ``gpus`` GPUs from the roofline alone: prefill the prompt in a step of 8 prompts, then
-    decode in a batch of 128 (rough middles of the range; only used to place the rates the simulator tries)."""
+    decode in a batch of 128 (rough middles of the range; only used to place the rates the simulator
+    tries)."""
     cost = cl.CostModel.create(cl.MODEL, cl.GPU)
     prefill = cost.prefill_cost(int(prompt_mean), num_seqs=8).time / 8
     decode = cl.CostModel.create(cl.MODEL, cl.GPU).decode_cost(128, int(prompt_mean + output_mean / 2)).time
@@ -65,7 +66,8 @@ class CapacityWidget:
         self.button = widgets.Button(description="Simulate", button_style="primary").add_class("me-cap-run")
         self.message = widgets.HTML().add_class("me-cap-message")
         self.summary = widgets.HTML().add_class("me-cap-summary")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-cap-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-cap-plot")
         self.figure = Figure(figsize=(8, 3.0), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
         self.num_requests = num_requests
@@ -77,7 +79,8 @@ class CapacityWidget:
                                  widgets.VBox([self.ttft, self.tpot, self.link])],
                                 layout=widgets.Layout(flex_flow="row wrap"))
         self.results = [self.summary, self.plot]
-        self.widget = widgets.VBox([controls, self.button, self.message, *self.results]).add_class("me-cap-widget")
+        self.widget = widgets.VBox([controls, self.button, self.message,
+                                    *self.results]).add_class("me-cap-widget")
         for part in self.results:
             part.layout.display = "none"
         if run:
@@ -110,7 +113,8 @@ class CapacityWidget:
                  f"outputs ~{output} tokens), SLO: 90 % within TTFT {ttft:g} ms and TPOT {tpot:g} ms.",
                  "goodput per GPU: " + ", ".join(f"{k} {'≥ ' if v >= top - 1e-9 else ''}{v:.1f}"
                                                  for k, v in good.items()) + " req/s"
-                 + (" (≥: met the SLO at every rate tried)" if any(v >= top - 1e-9 for v in good.values()) else "")
+                 + (" (≥: met the SLO at every rate tried)" if any(v >= top - 1e-9 for v in good.values())
+                    else "")
                  + ".",
                  f"best: {best}" + ("" if good[best] > 0 else " (none meets the SLO even at the lowest rate "
                                                               "tried: loosen the SLO)")]

@@ -34,7 +34,8 @@ MIN_PROMPT, MAX_PROMPT = 128, 16_384
 
 def check_streams(n: object) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_STREAMS:
-        raise ValueError(f"the number of decoding streams must be a whole number from 1 to {MAX_STREAMS}, got {n!r}")
+        raise ValueError(f"the number of decoding streams must be a whole number from 1 to {MAX_STREAMS}, "
+                         f"got {n!r}")
     return n
 
 
@@ -46,26 +47,32 @@ def check_prompt(n: object) -> int:
 
 
 class ChunkingWidget:
-    """GPU, budget, policy, streams, prompt length -> the simulated spike and TTFT. ``w.widget`` is the box."""
+    """GPU, budget, policy, streams, prompt length -> the simulated spike and TTFT. ``w.widget`` is the
+    box."""
 
     def __init__(self, gpu: str = "h100-sxm", budget: int | None = 2048, policy: str = "decode_first",
                  n_streams: int = 40, long_len: int = 8192) -> None:
         style, layout = {"description_width": "150px"}, widgets.Layout(width="380px")
         self.gpu = widgets.Dropdown(options=[(v, k) for k, v in GPU_CHOICES.items()], value=gpu,
-                                    description="GPU (simulated)", style=style, layout=layout).add_class("me-chunk-gpu")
+                                    description="GPU (simulated)", style=style,
+                                    layout=layout).add_class("me-chunk-gpu")
         self.budget = widgets.Dropdown(options=[("off (whole prompt in one step)", 0)]
                                        + [(f"{b:,} tokens", b) for b in BUDGET_CHOICES], value=budget or 0,
                                        description="Chunked prefill", style=style,
                                        layout=layout).add_class("me-chunk-budget")
         self.policy = widgets.Dropdown(options=[(v, k) for k, v in POLICIES.items()], value=policy,
-                                       description="Policy", style=style, layout=layout).add_class("me-chunk-policy")
-        self.streams = widgets.IntText(value=n_streams, description="Decoding streams", continuous_update=False,
-                                       style=style, layout=layout).add_class("me-chunk-streams")
-        self.prompt = widgets.IntText(value=long_len, description="Long prompt (tokens)", continuous_update=False,
-                                      style=style, layout=layout).add_class("me-chunk-prompt")
+                                       description="Policy", style=style,
+                                       layout=layout).add_class("me-chunk-policy")
+        self.streams = widgets.IntText(value=n_streams, description="Decoding streams",
+                                       continuous_update=False, style=style,
+                                       layout=layout).add_class("me-chunk-streams")
+        self.prompt = widgets.IntText(value=long_len, description="Long prompt (tokens)",
+                                      continuous_update=False, style=style,
+                                      layout=layout).add_class("me-chunk-prompt")
         self.message = widgets.HTML().add_class("me-chunk-message")
         self.summary = widgets.HTML().add_class("me-chunk-summary")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-chunk-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-chunk-plot")
         self.figure = Figure(figsize=(10, 3.3), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
         self.ax_run, self.ax_trade = self.figure.subplots(1, 2)
@@ -92,8 +99,8 @@ class ChunkingWidget:
             n, long_len = check_streams(self.streams.value), check_prompt(self.prompt.value)
             budget = int(self.budget.value) or None
             if budget is not None and budget <= n:
-                raise ValueError(f"a budget of {budget} tokens leaves nothing for the prompt next to {n} decodes "
-                                 "(they go first): pick a larger budget or fewer streams")
+                raise ValueError(f"a budget of {budget} tokens leaves nothing for the prompt next to {n} "
+                                 "decodes (they go first): pick a larger budget or fewer streams")
             if long_len >= SIM_MAX_LEN:
                 raise ValueError(f"the prompt must be shorter than the context ({SIM_MAX_LEN:,} tokens)")
             result = sim_interference(self.gpu.value, budget, self.policy.value, n, long_len)
@@ -135,8 +142,8 @@ class ChunkingWidget:
         ax.axvline(0, color="tab:red", linestyle=":", label="prompt arrives")
         ax.axvline(r.long_ttft, color="tab:green", linestyle="--", label="its first token")
         ax.set(xlabel="time since the prompt arrived (s)", ylabel="gap between tokens (ms)",
-               title="this run: the streams' gaps", xlim=(-0.1 * max(r.long_ttft, 0.05), (r.window_end - t0) * 1.05),
-               ylim=(0, None))
+               title="this run: the streams' gaps",
+               xlim=(-0.1 * max(r.long_ttft, 0.05), (r.window_end - t0) * 1.05), ylim=(0, None))
         ax.legend(fontsize=8)
 
         ax = self.ax_trade

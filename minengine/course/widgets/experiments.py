@@ -70,14 +70,16 @@ class TwoPhasesWidget:
         self._engines: dict[str, Any] = {}
         style, layout = {"description_width": "120px"}, widgets.Layout(width="360px")
         self.model = widgets.Dropdown(options=[(v, k) for k, v in MODEL_CHOICES.items()], value=model,
-                                      description="Model", style=style, layout=layout).add_class("me-exp-model")
+                                      description="Model", style=style,
+                                      layout=layout).add_class("me-exp-model")
         self.prompt_len = widgets.IntText(value=prompt_len, description="Prompt tokens", style=style,
                                           layout=layout).add_class("me-exp-prompt")
         self.output_len = widgets.IntText(value=output_len, description="Output tokens", style=style,
                                           layout=layout).add_class("me-exp-output")
         self.batch = widgets.IntText(value=batch, description="Batch (requests)", style=style,
                                      layout=layout).add_class("me-exp-batch")
-        threads = [("auto", 0)] + [(str(n), n) for n in (1, 2, 4, 8) if n <= max(self.profile.threads_compute, 1)]
+        threads = [("auto", 0)] + [(str(n), n) for n in (1, 2, 4, 8)
+                                   if n <= max(self.profile.threads_compute, 1)]
         self.threads = widgets.Dropdown(options=threads, value=0, description="Torch threads", style=style,
                                         layout=layout).add_class("me-exp-threads")
         self.run_button = widgets.Button(description="Run", button_style="primary",
@@ -121,7 +123,8 @@ class TwoPhasesWidget:
     def _engine(self, model: str) -> Any:
         if model not in self._engines:
             if model == "random":
-                self.status_line.value = f"building a random {self.profile.big_shape.describe()} (a few seconds)..."
+                self.status_line.value = (f"building a random {self.profile.big_shape.describe()} (a few "
+                                          "seconds)...")
             self._engines[model] = self._factory(model)
         return self._engines[model]
 
@@ -143,8 +146,8 @@ class TwoPhasesWidget:
                              "shorten one of them")
         limit = MAX_TOKENS_PER_RUN.get(self.profile.device, MAX_TOKENS_PER_RUN["cpu"])
         if b * (p + o) > limit:
-            raise ValueError(f"batch x (prompt + output) = {b * (p + o):,} tokens is more than this widget runs "
-                             f"on {self.profile.device} ({limit:,}): lower the batch or the lengths")
+            raise ValueError(f"batch x (prompt + output) = {b * (p + o):,} tokens is more than this widget "
+                             f"runs on {self.profile.device} ({limit:,}): lower the batch or the lengths")
         blocks = llm.llm_engine.scheduler.block_manager
         need = b * blocks.blocks_needed(p + o)
         if need > blocks.num_blocks:
@@ -223,7 +226,8 @@ class TwoPhasesWidget:
         rows = [] if r is None else [
             ("prefill (forward)", f"{1000 * r.prefill_time:.1f} ms for {r.batch} x {r.prompt_len} tokens"),
             ("TTFT p50 / max", f"{1000 * r.ttft_p50:.1f} / {1000 * r.ttft_max:.1f} ms"),
-            ("decode step (median)", "n/a" if math.isnan(r.decode_step) else f"{1000 * r.decode_step:.2f} ms"),
+            ("decode step (median)",
+             "n/a" if math.isnan(r.decode_step) else f"{1000 * r.decode_step:.2f} ms"),
             ("ITL p50 / p95", "n/a" if math.isnan(r.itl_p50) else f"{1000 * r.itl_p50:.2f} / "
                                                                   f"{1000 * r.itl_p95:.2f} ms"),
             ("output tokens/s", f"{r.output_tokens / r.wall:,.0f}"),

@@ -28,7 +28,8 @@ from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, slo_attain
 
 
 def _positive_ms(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value <= 0):
         raise ValueError(f"the {what} SLO must be a positive number of milliseconds, got {value!r}")
     return float(value)
 
@@ -48,8 +49,9 @@ class GoodputWidget:
                                       style=style, layout=layout).add_class("me-goodput-ttft")
         self.tpot = widgets.FloatText(value=tpot_ms, description="TPOT SLO (ms)", continuous_update=False,
                                       style=style, layout=layout).add_class("me-goodput-tpot")
-        self.target = widgets.IntSlider(value=target_percent, min=50, max=99, step=1, description="target (%)",
-                                        continuous_update=False, style=style, layout=layout
+        self.target = widgets.IntSlider(value=target_percent, min=50, max=99, step=1,
+                                        description="target (%)", continuous_update=False, style=style,
+                                        layout=layout
                                         ).add_class("me-goodput-target")
         self.message = widgets.HTML().add_class("me-goodput-message")
         self.summary = widgets.HTML().add_class("me-goodput-summary")
@@ -84,7 +86,8 @@ class GoodputWidget:
         met = ", ".join(f"{r:g}/s: {100 * a:.0f}%" for r, a in zip(self.rates, self.attainment, strict=True))
         if self.goodput is None:
             verdict = (f"no rate tested meets the SLOs for {self.target.value}% of requests, not even the "
-                       f"lowest ({self.rates[0]:g} req/s): the SLO is tighter than this server's idle latency")
+                       f"lowest ({self.rates[0]:g} req/s): the SLO is tighter than this server's idle "
+                       "latency")
         elif self.goodput >= self.rates[-1]:
             verdict = (f"every rate tested meets them: goodput is at least {self.rates[-1]:g} req/s (test "
                        "higher rates to find the knee)")
@@ -108,7 +111,8 @@ class GoodputWidget:
         ax.plot(self.rates, [100 * a for a in self.attainment], "o-", label="requests meeting both SLOs")
         ax.axhline(100 * target, color="k", linestyle=":", label=f"target {100 * target:.0f}%")
         if self.goodput is not None:
-            ax.axvline(self.goodput, color="tab:green", linestyle="--", label=f"goodput {self.goodput:.1f} req/s")
+            ax.axvline(self.goodput, color="tab:green", linestyle="--",
+                       label=f"goodput {self.goodput:.1f} req/s")
         ax.set(xlabel="request rate (req/s)", ylabel="% of requests", ylim=(-3, 103),
                title="SLO attainment of the measured sweep")
         ax.legend(fontsize=8, loc="best")

@@ -91,7 +91,8 @@ class KVCalculatorWidget:
         self.message = widgets.HTML().add_class("me-kv-message")
         self.summary = widgets.HTML().add_class("me-kv-summary")
         self.table = widgets.HTML().add_class("me-kv-table")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-kv-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-kv-plot")
 
         self.figure = Figure(figsize=(10, 3.4), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
@@ -119,8 +120,8 @@ class KVCalculatorWidget:
         """Recompute from the controls; bad input becomes a message, never an exception."""
         source = self.config.value.strip()
         if _looks_like_hub_id(source):  # fetching config.json can take seconds online: say what is happening
-            self.message.value = (f"<div class='me-kv-busy'>looking up {html.escape(source)} on the Hugging Face "
-                                  "Hub...</div>")
+            self.message.value = (f"<div class='me-kv-busy'>looking up {html.escape(source)} on the Hugging "
+                                  "Face Hub...</div>")
         try:
             spec = load_model_spec(source or self.model.value)
             est = estimate(spec, self.context.value, self.batch.value, kv_cache_dtype=self.kv_dtype.value,
@@ -146,7 +147,8 @@ class KVCalculatorWidget:
     def _row(label: str, value: str, note: str) -> str:
         """One table row; a batch that does not fit is red, the first thing a learner should notice."""
         alarm = " style='color:#b00020;font-weight:bold'" if label == "fits" and value == "NO" else ""
-        return (f"<tr><th style='text-align:left;padding-right:1em;white-space:nowrap'>{html.escape(label)}</th>"
+        return ("<tr><th style='text-align:left;padding-right:1em;white-space:nowrap'>"
+                f"{html.escape(label)}</th>"
                 f"<td style='padding-right:1em'{alarm}>{html.escape(value)}</td>"
                 f"<td style='color:#666'>{html.escape(note)}</td></tr>")
 

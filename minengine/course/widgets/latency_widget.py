@@ -131,8 +131,9 @@ class LatencyWidget:
         self.num_requests = num_requests
         self.rate = widgets.FloatText(value=rate, description="Request rate (req/s)", continuous_update=False,
                                       style=style, layout=layout).add_class("me-lat-rate")
-        self.sigma = widgets.FloatSlider(value=sigma, min=0.0, max=2.0, step=0.1, description="Prompt spread σ",
-                                         continuous_update=False, readout_format=".1f", style=style,
+        self.sigma = widgets.FloatSlider(value=sigma, min=0.0, max=2.0, step=0.1,
+                                         description="Prompt spread σ", continuous_update=False,
+                                         readout_format=".1f", style=style,
                                          layout=layout).add_class("me-lat-sigma")
         self.prompt = widgets.Dropdown(options=list(PROMPT_CHOICES), value=prompt_mean,
                                        description="Mean prompt (tokens)", style=style,
@@ -142,7 +143,8 @@ class LatencyWidget:
                                     layout=layout).add_class("me-lat-gpu")
         self.message = widgets.HTML().add_class("me-lat-message")
         self.summary = widgets.HTML().add_class("me-lat-summary")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-lat-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-lat-plot")
         self.figure = Figure(figsize=(10, 3.3), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
         self.ax_hist, self.ax_hist_rate = self.figure.subplots(1, 2)
@@ -179,10 +181,10 @@ class LatencyWidget:
         self.text = self._describe(result)
         note = ""
         if result.load > 1.1:
-            note = ("<div class='me-lat-warning'>note: this rate is above what the GPU serves with everything "
-                    "sent at once, so the queue grows for as long as requests keep coming: these percentiles "
-                    f"depend on how many requests the benchmark sends ({result.num_requests} here), not on the "
-                    "server alone.</div>")
+            note = ("<div class='me-lat-warning'>note: this rate is above what the GPU serves with "
+                    "everything sent at once, so the queue grows for as long as requests keep coming: these "
+                    f"percentiles depend on how many requests the benchmark sends ({result.num_requests} "
+                    "here), not on the server alone.</div>")
         self.message.value = note
         self.summary.value = "<p>" + html.escape(self.text).replace("\n", "<br>") + "</p>"
         for part in self.results:
@@ -192,8 +194,8 @@ class LatencyWidget:
     def _describe(self, r: LatencyResult) -> str:
         gpu = GPU_CHOICES[r.gpu]
         return (f"{MODEL} on a simulated {gpu}: {r.num_requests} requests at {r.rate:g} req/s, prompts "
-                f"log-normal with mean {r.prompt_mean} tokens and σ = {r.sigma:.1f}; load {100 * r.load:.0f}% "
-                f"of the {r.capacity:.1f} req/s this GPU serves for this mix.\n"
+                f"log-normal with mean {r.prompt_mean} tokens and σ = {r.sigma:.1f}; load "
+                f"{100 * r.load:.0f}% of the {r.capacity:.1f} req/s this GPU serves for this mix.\n"
                 f"TTFT: mean {_ms(r.ttft_mean)}, p50 {_ms(r.ttft_p50)}, p90 {_ms(r.ttft_p90)}, "
                 f"p99 {_ms(r.ttft_p99)} (p99 / p50 = {r.ttft_p99 / r.ttft_p50:.1f}x). "
                 f"TPOT: p50 {_ms(r.tpot_p50)}, p99 {_ms(r.tpot_p99)}.")

@@ -127,9 +127,10 @@ class PrefixWidget:
         self.error, self.result = None, result
         r = result
         self.text = (f"second request: {r.cached:,} of its {r.prompt_len:,} prompt tokens came from the "
-                     f"prefix cache ({100 * r.cached / r.prompt_len:.0f}%; the rule predicts {r.expected:,}), "
-                     f"{r.prompt_len - r.cached:,} were computed. TTFT: {1e3 * r.ttft_first:.1f} ms for the "
-                     f"request that filled the cache, {1e3 * r.ttft_second:.1f} ms for this one.")
+                     f"prefix cache ({100 * r.cached / r.prompt_len:.0f}%; the rule predicts "
+                     f"{r.expected:,}), {r.prompt_len - r.cached:,} were computed. TTFT: "
+                     f"{1e3 * r.ttft_first:.1f} ms for the request that filled the cache, "
+                     f"{1e3 * r.ttft_second:.1f} ms for this one.")
         self.message.value = ""
         self.summary.value = f"<p>{html.escape(self.text)}</p>"
         for part in self.results:

@@ -54,12 +54,12 @@ COLORS = {"decode projections": "C0", "decode attention": "C3", "norms, element-
 def _accelerator(gpu: str, machines: dict[str, Accelerator], dtype: str) -> Accelerator:
     if gpu == MACHINE:
         if dtype not in machines:
-            raise ValueError(f"this machine was measured in {', '.join(machines) or 'no dtype'} only; pick one of "
-                             "those, or a datasheet GPU")
+            raise ValueError(f"this machine was measured in {', '.join(machines) or 'no dtype'} only; pick "
+                             "one of those, or a datasheet GPU")
         return machines[dtype]
     if dtype == "fp32":
-        raise ValueError("the spec table has no fp32 peak (fp32 matmuls run on CUDA cores, not tensor cores): "
-                         "pick bf16 or fp8 for a datasheet GPU, or 'this machine' for fp32")
+        raise ValueError("the spec table has no fp32 peak (fp32 matmuls run on CUDA cores, not tensor "
+                         "cores): pick bf16 or fp8 for a datasheet GPU, or 'this machine' for fp32")
     if gpu == "h100-2x-flops":
         return scaled_gpu("h100-sxm", flops=2.0, name="H100 SXM with 2x FLOP/s (what-if)")
     if gpu not in GPU_CHOICES:
@@ -76,7 +76,8 @@ def _check_batch(batch: object) -> int:
         raise ValueError(f"the batch must be a whole number of sequences, at least 1 (try 1, 16 or 256), "
                          f"got {value:g}")
     if value > MAX_BATCH:
-        raise ValueError(f"{value:g} sequences in one decode step is beyond any server; try at most {MAX_BATCH:,}")
+        raise ValueError(f"{value:g} sequences in one decode step is beyond any server; try at most "
+                         f"{MAX_BATCH:,}")
     return int(value)
 
 
@@ -132,29 +133,34 @@ def _tokens(n: int) -> str:
 def describe(v: RooflineView) -> str:
     """The view in words: ridge, each op's intensity and bound, B* with and without KV reads."""
     acc = v.cost_model.accelerator
-    lines = [f"{v.model} ({v.dtype}) on {acc.name}: peak {acc.bf16_tflops if v.dtype != 'fp8' else v.cost_model.peak_flops / 1e12:,.0f}"
-             f" TFLOP/s, {acc.bandwidth_bytes_per_s / 1e12:.2f} TB/s, ridge {v.ridge:,.0f} FLOP/byte."]
+    lines = [f"{v.model} ({v.dtype}) on {acc.name}: peak "
+             f"{acc.bf16_tflops if v.dtype != 'fp8' else v.cost_model.peak_flops / 1e12:,.0f} TFLOP/s, "
+             f"{acc.bandwidth_bytes_per_s / 1e12:.2f} TB/s, ridge {v.ridge:,.0f} FLOP/byte."]
     if v.cost_model.peak_flops < 1e13:  # a measured CPU: TFLOP/s would round to a digit or two
-        lines[0] = (f"{v.model} ({v.dtype}) on {acc.name}: peak {v.cost_model.peak_flops / 1e9:,.0f} GFLOP/s, "
-                    f"{acc.bandwidth_bytes_per_s / 1e9:.1f} GB/s, ridge {v.ridge:,.1f} FLOP/byte.")
-    lines.append(f"Decode step, batch {v.batch}, context {v.context:,}; prefill of a {v.context:,}-token prompt:")
+        lines[0] = (f"{v.model} ({v.dtype}) on {acc.name}: peak {v.cost_model.peak_flops / 1e9:,.0f} "
+                    f"GFLOP/s, {acc.bandwidth_bytes_per_s / 1e9:.1f} GB/s, ridge {v.ridge:,.1f} FLOP/byte.")
+    lines.append(f"Decode step, batch {v.batch}, context {v.context:,}; prefill of a {v.context:,}-token "
+                 "prompt:")
     for p in v.points:
         lines.append(f"  {p.name}: {p.intensity:,.1f} FLOP/byte, {p.bound}-bound, {1e3 * p.seconds:,.3f} ms")
     limit = ("at any context" if v.context_limit is None else
              f"only below {v.context_limit:,} tokens of context" if v.context_limit else "at no context")
     lines.append(f"Critical batch B*: {_count(v.bstar_weights)} counting the weights only; "
-                 f"{_count(v.bstar_kv)} with the KV reads at this context (decode can turn compute-bound {limit}).")
+                 f"{_count(v.bstar_kv)} with the KV reads at this context (decode can turn compute-bound "
+                 f"{limit}).")
     if not v.fits:
-        lines.append(f"Note: weights + this batch's KV cache need {v.memory_needed / 2**30:,.0f} GiB, more than the "
-                     f"{acc.memory_bytes / 2**30:,.0f} GiB of one {acc.name}: the arithmetic holds, the batch does not fit.")
+        lines.append(f"Note: weights + this batch's KV cache need {v.memory_needed / 2**30:,.0f} GiB, more "
+                     f"than the {acc.memory_bytes / 2**30:,.0f} GiB of one {acc.name}: the arithmetic holds, "
+                     "the batch does not fit.")
     return "\n".join(lines)
 
 
 class RooflineWidget:
     """GPU, model, dtype, batch and context -> each op on the roofline, and B*. ``w.widget`` is the box."""
 
-    def __init__(self, gpu: str = "h100-sxm", model: str = "llama-3.1-8b", dtype: str = "bf16", batch: int = 16,
-                 context: int = 4096, machines: dict[str, Accelerator] | None = None) -> None:
+    def __init__(self, gpu: str = "h100-sxm", model: str = "llama-3.1-8b", dtype: str = "bf16",
+                 batch: int = 16, context: int = 4096,
+                 machines: dict[str, Accelerator] | None = None) -> None:
         self.machines = dict(machines or {})
         style, layout = {"description_width": "120px"}, widgets.Layout(width="330px")
         gpus = [(label, key) for key, label in GPU_CHOICES.items()]
@@ -162,18 +168,20 @@ class RooflineWidget:
             gpus.append(("this machine (measured)", MACHINE))
         self.gpu = widgets.Dropdown(options=gpus, value=gpu, description="GPU", style=style,
                                     layout=layout).add_class("me-roof-gpu")
-        self.model = widgets.Dropdown(options=list(MODEL_CHOICES), value=model, description="Model", style=style,
-                                      layout=layout).add_class("me-roof-model")
+        self.model = widgets.Dropdown(options=list(MODEL_CHOICES), value=model, description="Model",
+                                      style=style, layout=layout).add_class("me-roof-model")
         self.dtype = widgets.Dropdown(options=list(DTYPE_CHOICES), value=dtype, description="Weights dtype",
                                       style=style, layout=layout).add_class("me-roof-dtype")
         self.batch = widgets.IntText(value=batch, description="Batch (decode)", style=style,
                                      layout=layout).add_class("me-roof-batch")
-        self.context = widgets.SelectionSlider(options=[(_tokens(c), c) for c in CONTEXT_CHOICES], value=context,
-                                               description="Context (tokens)", continuous_update=False,
-                                               style=style, layout=layout).add_class("me-roof-context")
+        self.context = widgets.SelectionSlider(options=[(_tokens(c), c) for c in CONTEXT_CHOICES],
+                                               value=context, description="Context (tokens)",
+                                               continuous_update=False, style=style,
+                                               layout=layout).add_class("me-roof-context")
         self.message = widgets.HTML().add_class("me-roof-message")
         self.summary = widgets.HTML().add_class("me-roof-summary")
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(max_width="100%")).add_class("me-roof-plot")
+        self.plot = widgets.Image(format="png",
+                                  layout=widgets.Layout(max_width="100%")).add_class("me-roof-plot")
         self.figure = Figure(figsize=(10.5, 3.6), dpi=90, layout="constrained")
         FigureCanvasAgg(self.figure)
         self.ax_roof, self.ax_batch = self.figure.subplots(1, 2)
@@ -241,9 +249,10 @@ class RooflineWidget:
         ax.clear()
         batches = np.unique(np.geomspace(1, 4096, 40).astype(int))
         textbook = ideal(cm)
-        for include_kv, style, label in ((False, "--", "weights only"), (True, "-", f"with KV reads ({_tokens(v.context)})")):
-            ax.plot(batches, [decode_intensity(textbook, int(b), v.context, include_kv) for b in batches], style,
-                    color="C0", label=label)
+        for include_kv, style, label in ((False, "--", "weights only"),
+                                         (True, "-", f"with KV reads ({_tokens(v.context)})")):
+            ax.plot(batches, [decode_intensity(textbook, int(b), v.context, include_kv) for b in batches],
+                    style, color="C0", label=label)
         ax.axhline(v.ridge, color="k", linewidth=0.8, linestyle=":", label="ridge")
         for bstar, marker in ((v.bstar_weights, "v"), (v.bstar_kv, "o")):
             if math.isfinite(bstar) and bstar <= batches[-1]:
