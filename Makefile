@@ -112,7 +112,7 @@ book: $(STAMP) kernels models
 	$(PY) -m minengine.course.book
 
 lint: $(STAMP)
-	$(PY) -m ruff check minengine tests scripts benchmarks lessons
+	$(PY) -m ruff check minengine tests scripts benchmarks lessons $(wildcard labs/*/*.py quizzes/*/*.py)
 
 clean-venv:
 	rm -rf $(VENV)
