@@ -410,6 +410,8 @@ def test_schemathesis_finds_no_server_errors(server):
             deadline=None,
             phases=[Phase.generate],
             database=None,
+            # the same cases every run: a random draw of 30 once held no valid body (no 200), a flaky red
+            derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
         def check(case, deep):
