@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from proc_utils import wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "jupyterhub"
@@ -149,17 +150,7 @@ class Hub:
             self.process = subprocess.Popen(
                 [str(VENV_BIN / "jupyterhub"), "-f", str(DEPLOY / "jupyterhub_config.py")], cwd=state,
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"jupyterhub exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/hub/api/", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"jupyterhub did not answer within {timeout_s} s:\n{self.log_tail()}")
+        wait_until_answering(f"{self.url}/hub/api/", self.process, timeout_s, "jupyterhub", self.log_tail)
 
     def add_user(self, name: str) -> None:
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True,

@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from jlab_helpers import ARTIFACTS, LabServer, new_page
-from proc_utils import stop_process_group
+from proc_utils import stop_process_group, wait_until_answering
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -154,17 +153,11 @@ def shut_kernels_down() -> Iterator[None]:
 
 
 def _wait_ready(server: LabServer) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"JupyterLab exited with {server.process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.base}/api/status?token={server.token}", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{server.log_tail()}")
+    try:
+        wait_until_answering(f"{server.base}/api/status?token={server.token}", server.process, SERVER_START_S,
+                             "JupyterLab", server.log_tail)
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 # ------------------------------------------------------------------------------------------ the browser

@@ -200,34 +200,32 @@ def lesson04_kv_calculator(ran: RanNotebook) -> None:
     check_recovers(widget, "me-kv", lambda: enter(widget, ".me-kv-config", ""), "img.me-kv-plot")
 
 
-def lesson05_batching(ran: RanNotebook) -> None:
-    """Another scheduler re-runs the simulation."""
-    widget = show_widget(ran, r"BatchingWidget\(", f"{NOTEBOOK} .me-bat-widget", UPDATE_MS)
-    assert "static (batch by batch)" in widget.locator(".me-bat-summary").inner_text()  # the lesson's pick
-    summary = check_new_answer(ran, widget, "me-bat", lambda: widget.locator(".me-bat-scheduler select")
-                               .select_option(label="continuous (vLLM)"))
-    assert "continuous (vLLM) batching" in summary
-    screenshot(ran.page, "lesson05_batching_widget")
+def dropdown_round_trip(cell: str, prefix: str, select: str, shown: str, option: dict[str, str],
+                        expected: tuple[str, ...], shot: str) -> Callable[[RanNotebook], None]:
+    """A widget whose dropdown re-runs its simulation or engine: the lesson's pick shows ``shown``;
+    choosing ``option`` (``label=`` or ``value=``) brings a new summary with ``expected`` and a new plot."""
+    def round_trip(ran: RanNotebook) -> None:
+        widget = show_widget(ran, cell, f"{NOTEBOOK} .{prefix}-widget", UPDATE_MS)
+        assert shown in widget.locator(f".{prefix}-summary").inner_text()
+        summary = check_new_answer(ran, widget, prefix,
+                                   lambda: widget.locator(f"{select} select").select_option(**option))
+        assert all(text in summary for text in expected), summary
+        screenshot(ran.page, shot)
+
+    return round_trip
 
 
-def lesson06_chunking(ran: RanNotebook) -> None:
-    """Another token budget re-runs the simulation."""
-    widget = show_widget(ran, r"ChunkingWidget\(", f"{NOTEBOOK} .me-chunk-widget", UPDATE_MS)
-    assert "budget 2,048 tokens" in widget.locator(".me-chunk-summary").inner_text()
-    summary = check_new_answer(ran, widget, "me-chunk", lambda: widget.locator(".me-chunk-budget select")
-                               .select_option(label="512 tokens"))
-    assert "budget 512 tokens" in summary
-    screenshot(ran.page, "lesson06_chunking_widget")
-
-
-def lesson07_prefix(ran: RanNotebook) -> None:
-    """Another block size re-runs the engine twice and compares the cache hits with the rule."""
-    widget = show_widget(ran, r"PrefixWidget\(", f"{NOTEBOOK} .me-prefix-widget", UPDATE_MS)
-    assert "came from the prefix cache" in widget.locator(".me-prefix-summary").inner_text()
-    summary = check_new_answer(ran, widget, "me-prefix",
-                               lambda: widget.locator(".me-prefix-block select").select_option("64"))
-    assert "came from the prefix cache" in summary and "the rule predicts" in summary
-    screenshot(ran.page, "lesson07_prefix_widget")
+# Another scheduler, token budget or block size: the simulator or the engine runs again.
+lesson05_batching = dropdown_round_trip(r"BatchingWidget\(", "me-bat", ".me-bat-scheduler",
+                                        "static (batch by batch)", {"label": "continuous (vLLM)"},
+                                        ("continuous (vLLM) batching",), "lesson05_batching_widget")
+lesson06_chunking = dropdown_round_trip(r"ChunkingWidget\(", "me-chunk", ".me-chunk-budget",
+                                        "budget 2,048 tokens", {"label": "512 tokens"},
+                                        ("budget 512 tokens",), "lesson06_chunking_widget")
+lesson07_prefix = dropdown_round_trip(r"PrefixWidget\(", "me-prefix", ".me-prefix-block",
+                                      "came from the prefix cache", {"value": "64"},
+                                      ("came from the prefix cache", "the rule predicts"),
+                                      "lesson07_prefix_widget")
 
 
 def lesson08_server_and_goodput(ran: RanNotebook) -> None:
