@@ -119,6 +119,39 @@ def planted_student(release_nb: Path, source_nb: Path, edits: dict[str, str | No
     return nb
 
 
+# An answer cell's code that tries to pass every check without the answers (each scored 0 in class):
+QUIZ_ATTACKS = {
+    # replace every checking function in the kernel with a no-op (this once scored 10/10 on each quiz)
+    "patched_checks": ("import minengine.course.autocheck as _ac\n"
+                       "for _n in dir(_ac):\n"
+                       "    if _n.startswith(('grade_', 'check_', 'judge_', 'expect_', 'require_')):\n"
+                       "        setattr(_ac, _n, lambda *a, **k: None)\n"),
+    # report every option to the grader, hoping one of them is judged
+    "forged_reports": ("import minengine.course.autocheck as _ac\n"
+                       "import minengine.course.trusted_verdicts as _tv\n"
+                       "def _every_option(name, *a, **k):\n"
+                       "    for letter in 'ABCD':\n"
+                       "        _tv.report_answer(name, letter)\n"
+                       "_ac.grade_choice = _ac.check_choice_form = _every_option\n"
+                       "_ac.grade_number = _ac.check_number_form = (\n"
+                       "    lambda name, *a, **k: _tv.report_answer(name, 1.0))\n"),
+}
+
+
+def junk_answers(source_nb: Path, attack: str) -> dict[str, str]:
+    """Edits that answer every question of a quiz wrongly, the first answer cell starting with ``attack``."""
+    edits: dict[str, str] = {}
+    for c in nbformat.read(source_nb, as_version=4).cells:
+        if not c.metadata.get("nbgrader", {}).get("solution") or c.cell_type != "code":
+            continue
+        answer: dict[str, Any] = {}
+        exec("\n".join(ln for ln in c.source.splitlines() if not SOLUTION_MARKERS.match(ln)), answer)
+        name, key = next((k, v) for k, v in answer.items() if re.fullmatch(r"q\d+", k))
+        wrong = next(x for x in "ABCD" if x not in key) if isinstance(key, str) else float(key) * 3 + 7
+        edits[grade_id(c)] = ("" if edits else attack) + f"{name} = {wrong!r}\n"
+    return edits
+
+
 def graded_cells(nb_path: Path) -> dict[str, float]:
     """grade_id -> points of every test cell of a notebook."""
     cells = nbformat.read(nb_path, as_version=4).cells
@@ -149,6 +182,13 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
             nbformat.write(planted_student(release_nb, source_nb, edits), path)
             grading.submit(fixture.stem, [path], course_dir)
             expected_lost[assignment, fixture.stem] = lost
+        if assignment.startswith("quiz"):  # students who attack the checks instead of answering
+            for attack, code in QUIZ_ATTACKS.items():
+                path = tmp / "students" / attack / release_nb.name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                nbformat.write(planted_student(release_nb, source_nb, junk_answers(source_nb, code)), path)
+                grading.submit(attack, [path], course_dir)
+                expected_lost[assignment, attack] = set(points)
     start = time.monotonic()
     grading.autograde(course_dir, workers=default_workers())  # the class graded on every core
     return dict(course_dir=course_dir, released=released, expected_lost=expected_lost,

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from numbers import Real
 from typing import Any
 
+from minengine.course.trusted_verdicts import report_answer
 from minengine.utils import cdiv
 
 
@@ -111,19 +112,32 @@ def check_number_form(name: str, answer: Any, unit: str = "", positive: bool = T
                              f"{answer!r}")
 
 
-def grade_choice(name: str, answer: Any, key: str, why: str = "") -> None:
-    """Hidden test: the answer's letters equal the key's (order and case do not matter)."""
+def judge_choice(name: str, answer: Any, key: str, why: str = "") -> None:
+    """The answer's letters equal the key's (order and case do not matter)."""
     check_choice_form(name, answer, multi=len(key) > 1)
     if _normalise_choice(answer) != _normalise_choice(key):
         raise AssertionError(f"{name}: the answer is {key}, you gave {answer!r}. {why}".rstrip())
 
 
-def grade_number(name: str, answer: Any, key: float, tolerance: float, why: str = "") -> None:
-    """Hidden test: within ``tolerance`` (absolute) of the key."""
+def judge_number(name: str, answer: Any, key: float, tolerance: float, why: str = "") -> None:
+    """Within ``tolerance`` (absolute) of the key."""
     check_number_form(name, answer, positive=False)
     if abs(float(answer) - float(key)) > tolerance:
         raise AssertionError(f"{name}: the answer is {key:g} (within {tolerance:g}), you gave {answer!r}. "
                              f"{why}".rstrip())
+
+
+def grade_choice(name: str, answer: Any, key: str, why: str = "") -> None:
+    """Hidden test of a letter answer. It first reports the answer for the grader to judge outside the
+    kernel (``trusted_verdicts``); the check here gives the learner's message."""
+    report_answer(name, answer)
+    judge_choice(name, answer, key, why)
+
+
+def grade_number(name: str, answer: Any, key: float, tolerance: float, why: str = "") -> None:
+    """Hidden test of a number answer: reported as :func:`grade_choice` does, then checked here."""
+    report_answer(name, answer)
+    judge_number(name, answer, key, tolerance, why)
 
 
 # ------------------------------------------------------------------------------ your own code, please

@@ -60,6 +60,10 @@ c.ClearSolutions.code_stub = {{"python": {code_stub!r}}}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # A deleted test cell is put back from the gradebook and graded, instead of "needs manual grade".
 c.OverwriteCells.add_missing_cells = True
+# Quiz answers are judged in the grader's process, from the test cell's own source and the answer its
+# run reported, where no cell of the student's can replace the check (minengine/course/trusted_verdicts.py).
+from minengine.course.trusted_verdicts import autograde_preprocessors  # noqa: E402
+c.Autograde.autograde_preprocessors = autograde_preprocessors()
 
 _extra = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nbgrader_config_extra.py")
 if os.path.exists(_extra):

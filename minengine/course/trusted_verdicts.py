@@ -1,0 +1,183 @@
+"""Quiz verdicts that the student's kernel cannot reach: the kernel reports answers, the grader judges.
+
+Why: nbgrader runs a test cell in the student's own kernel, after the student's cells, and scores it by
+whether it raised. A check that runs there can be replaced from an answer cell, for example by setting
+every ``autocheck.grade_*`` to a no-op, which once earned full marks on every quiz with junk answers.
+
+So a value check (``grade_choice``, ``grade_number``) first *reports* the student's answer from the
+kernel, as one stdout line ``minengine-answer: {"name": ..., "value": ...}``, then checks it there too,
+which gives the learner the usual message. After the kernel has run, ``TrustedVerdicts``, a preprocessor
+in nbgrader's own autograde pipeline (the course's ``nbgrader_config.py`` puts it there, so ``make
+autograde``, ``nbgrader autograde`` and the formgrader all use it), reads each check from the test cell's
+*source* in the grader's process (nbgrader has restored it from the gradebook, so the student cannot
+have edited it), finds exactly one report per check in that cell's output, and judges the value with the
+same function. A cell whose check is missing its report, reported twice, or wrong gets an error output,
+which nbgrader scores 0.
+
+A forged report gains nothing: to pass it must carry the right answer, which is what the question asked
+for; several reports for one check (one per option) fail. This covers answers that are values (the
+quizzes). Code that must run (the labs' functions) is a separate matter: see ``labs/README.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+REPORT_MARKER = "minengine-answer: "
+
+
+# ------------------------------------------------------------------------------------------ kernel side
+def report_answer(name: str, answer: Any) -> None:
+    """Print the answer as one line the grader can read: a string, a finite or infinite float, or what
+    kind of object it was (which the grader then fails with that reason)."""
+    if isinstance(answer, str):
+        value: Any = str(answer)
+    elif isinstance(answer, bool) or answer is None:
+        value = answer
+    elif isinstance(answer, int | float):
+        value = float(answer) if isinstance(answer, float) else int(answer)
+    else:
+        try:
+            value = float(answer) if hasattr(answer, "__float__") and not isinstance(answer, str) else None
+        except Exception:  # noqa: BLE001 - anything a student's object raises: it is not a number
+            value = None
+        if value is None:
+            print(REPORT_MARKER + json.dumps({"name": name, "unreadable": type(answer).__name__}), flush=True)
+            return
+    print(REPORT_MARKER + json.dumps({"name": name, "value": value}), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ grader side
+@dataclass(frozen=True)
+class ValueCheck:
+    """One ``grade_choice(...)`` or ``grade_number(...)`` call of a test cell's source, its arguments
+    read as literals (the key, the tolerance, the explanation)."""
+
+    function: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+VALUE_CHECKS = {"grade_choice": ("name", "answer", "key", "why"),
+                "grade_number": ("name", "answer", "key", "tolerance", "why")}
+
+
+def value_checks(source: str) -> list[ValueCheck]:
+    """The value checks a test cell calls, in order. Every argument but the answer must be a literal
+    (the course renders keys into the source); anything else is the instructor's mistake and raises."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if called not in VALUE_CHECKS:
+            continue
+        params = VALUE_CHECKS[called]
+        given = dict(zip(params, node.args, strict=False)) | {k.arg: k.value for k in node.keywords if k.arg}
+        try:
+            arguments = {k: ast.literal_eval(v) for k, v in given.items() if k != "answer"}
+        except ValueError as e:
+            raise ValueError(f"{called} in a test cell needs literal arguments besides the answer: "
+                             f"{e}") from None
+        found.append(ValueCheck(called, str(arguments.pop("name")), arguments))
+    return sorted(found, key=lambda c: c.name)
+
+
+def read_reports(outputs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """name -> every report with that name in the cell's stdout (a line that isn't JSON is skipped)."""
+    reports: dict[str, list[dict[str, Any]]] = {}
+    for output in outputs:
+        if output.get("output_type") != "stream" or output.get("name") != "stdout":
+            continue
+        text = output.get("text", "")
+        for line in (text if isinstance(text, str) else "".join(text)).splitlines():
+            if not line.startswith(REPORT_MARKER):
+                continue
+            try:
+                report = json.loads(line[len(REPORT_MARKER):])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(report, dict) and isinstance(report.get("name"), str):
+                reports.setdefault(report["name"], []).append(report)
+    return reports
+
+
+def _judges() -> dict[str, Callable[..., None]]:
+    from minengine.course import autocheck  # the grader's own copy: the student's kernel can't touch it
+
+    return {"grade_choice": autocheck.judge_choice, "grade_number": autocheck.judge_number}
+
+
+def verdict(checks: list[ValueCheck], outputs: Iterable[dict[str, Any]]) -> str | None:
+    """None when every check has exactly one report and its value passes; else why the cell scores 0."""
+    reports, judges = read_reports(outputs), _judges()
+    for check in checks:
+        mine = reports.get(check.name, [])
+        if not mine:
+            return (f"{check.name}: no answer reached the grader (the test cell's check did not run as "
+                    "written: was autocheck replaced, or the output redirected?)")
+        if len(mine) > 1:
+            return f"{check.name}: {len(mine)} answers reported for one question; a question takes one answer"
+        report = mine[0]
+        if "value" not in report:
+            return f"{check.name}: the answer is a {report.get('unreadable', 'strange object')}, not a value"
+        value = report["value"]
+        if isinstance(value, float) and not math.isfinite(value) and check.function == "grade_choice":
+            return f"{check.name}: the answer is {value}, not a letter"
+        try:
+            judges[check.function](check.name, value, **check.arguments)
+        except AssertionError as e:
+            return str(e)
+    return None
+
+
+def error_output(message: str) -> dict[str, Any]:
+    """An error output as a kernel would write it: nbgrader scores a test cell with one 0."""
+    return {"output_type": "error", "ename": "AssertionError", "evalue": message,
+            "traceback": [f"AssertionError (judged by the grader, outside your kernel): {message}"]}
+
+
+def trusted_verdicts_preprocessor() -> type:
+    """nbgrader's preprocessor class, built on first use (nbgrader is a course-side dependency)."""
+    from nbformat import from_dict
+    from nbgrader import utils
+    from nbgrader.preprocessors import NbGraderPreprocessor
+
+    class TrustedVerdicts(NbGraderPreprocessor):
+        """After ``Execute``: judge each test cell's value checks from its trusted source and the answers
+        its run reported; a cell that fails gets an error output (score 0)."""
+
+        def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:
+            if cell.cell_type != "code" or not utils.is_grade(cell):
+                return cell, resources
+            checks = value_checks(cell.source)
+            if not checks or any(o.get("output_type") == "error" for o in cell.outputs):
+                return cell, resources  # nothing to judge, or the cell failed in the kernel already
+            message = verdict(checks, cell.outputs)
+            if message is not None:
+                self.log.info("%s: %s", cell.metadata.get("nbgrader", {}).get("grade_id"), message)
+                cell.outputs.append(from_dict(error_output(message)))
+            return cell, resources
+
+    return TrustedVerdicts
+
+
+def autograde_preprocessors() -> list[type]:
+    """nbgrader's autograde pipeline with ``TrustedVerdicts`` right after ``Execute`` (before the
+    output is limited and the grades saved)."""
+    from nbgrader.converters import Autograde
+
+    steps = list(Autograde.class_traits()["autograde_preprocessors"].make_dynamic_default())
+    names = [step.__name__ for step in steps]
+    steps.insert(names.index("Execute") + 1, trusted_verdicts_preprocessor())
+    return steps
