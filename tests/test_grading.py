@@ -128,13 +128,12 @@ QUIZ_ATTACKS = {
                        "        setattr(_ac, _n, lambda *a, **k: None)\n"),
     # report every option to the grader, hoping one of them is judged
     "forged_reports": ("import minengine.course.autocheck as _ac\n"
-                       "import minengine.course.trusted_verdicts as _tv\n"
+                       "_report = _ac.report_answer\n"
                        "def _every_option(name, *a, **k):\n"
                        "    for letter in 'ABCD':\n"
-                       "        _tv.report_answer(name, letter)\n"
+                       "        _report(name, letter)\n"
                        "_ac.grade_choice = _ac.check_choice_form = _every_option\n"
-                       "_ac.grade_number = _ac.check_number_form = (\n"
-                       "    lambda name, *a, **k: _tv.report_answer(name, 1.0))\n"),
+                       "_ac.grade_number = _ac.check_number_form = lambda n, *a, **k: _report(n, 1.0)\n"),
 }
 
 

@@ -14,13 +14,12 @@ import pytest
 from nbgrader.utils import determine_grade
 
 from minengine.course import grading
+from minengine.course.autocheck import REPORT_MARKER, report_answer
 from minengine.course.templating import DEFAULT_COURSE_SEED, load_params, render_notebook
 from minengine.course.trusted_verdicts import (
-    REPORT_MARKER,
     ValueCheck,
     autograde_preprocessors,
     read_reports,
-    report_answer,
     trusted_verdicts_preprocessor,
     value_checks,
     verdict,
@@ -66,7 +65,8 @@ def test_every_quiz_question_is_judged_by_the_grader(assignment: str) -> None:
 def test_one_right_report_per_check_passes(capsys: pytest.CaptureFixture) -> None:
     outputs = [stdout(reported("q1", " b ", capsys), "some print of the student's",
                       reported("q2", 5, capsys))]
-    assert read_reports(outputs) == {"q1": [{"name": "q1", "value": " b "}], "q2": [{"name": "q2", "value": 5}]}
+    assert read_reports(outputs) == {"q1": [{"name": "q1", "value": " b "}],
+                                     "q2": [{"name": "q2", "value": 5}]}
     assert verdict(value_checks(SOURCE), outputs) is None
 
 

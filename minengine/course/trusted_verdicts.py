@@ -28,28 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-REPORT_MARKER = "minengine-answer: "
-
-
-# ------------------------------------------------------------------------------------------ kernel side
-def report_answer(name: str, answer: Any) -> None:
-    """Print the answer as one line the grader can read: a string, a finite or infinite float, or what
-    kind of object it was (which the grader then fails with that reason)."""
-    if isinstance(answer, str):
-        value: Any = str(answer)
-    elif isinstance(answer, bool) or answer is None:
-        value = answer
-    elif isinstance(answer, int | float):
-        value = float(answer) if isinstance(answer, float) else int(answer)
-    else:
-        try:
-            value = float(answer) if hasattr(answer, "__float__") and not isinstance(answer, str) else None
-        except Exception:  # noqa: BLE001 - anything a student's object raises: it is not a number
-            value = None
-        if value is None:
-            print(REPORT_MARKER + json.dumps({"name": name, "unreadable": type(answer).__name__}), flush=True)
-            return
-    print(REPORT_MARKER + json.dumps({"name": name, "value": value}), flush=True)
+from minengine.course import autocheck
+from minengine.course.autocheck import REPORT_MARKER
 
 
 # ------------------------------------------------------------------------------------------ grader side
@@ -113,8 +93,7 @@ def read_reports(outputs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, 
 
 
 def _judges() -> dict[str, Callable[..., None]]:
-    from minengine.course import autocheck  # the grader's own copy: the student's kernel can't touch it
-
+    # the grader's own copy of the checks: the student's kernel can't touch it
     return {"grade_choice": autocheck.judge_choice, "grade_number": autocheck.judge_number}
 
 
