@@ -23,6 +23,8 @@ ASSIGNMENT ?=
 NB ?=
 # The class's course seed for make release (its numbers and answer order); empty = the last release's
 COURSE_SEED ?=
+# PUBLIC_SEED=1: release with the public default (or a short) seed: self-paced use or a demo, never a class
+PUBLIC_SEED ?=
 GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assignment $(ASSIGNMENT))
 
 STAMP := $(VENV)/.minengine-installed
@@ -87,7 +89,7 @@ browser:
 
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
 release: $(STAMP) kernels
-	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed $(COURSE_SEED))
+	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed "$(COURSE_SEED)") $(if $(PUBLIC_SEED),--public-seed)
 
 autograde: $(STAMP) kernels
 	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER) $(if $(WORKERS),--workers $(WORKERS))

@@ -18,12 +18,16 @@ from minengine.course import grading
 from minengine.course import tooling as course
 from minengine.course.autograde_pool import default_workers
 from minengine.course.templating import (
+    DEFAULT_COURSE_SEED,
     LETTERS,
+    MIN_CLASS_SEED_BITS,
     TemplateError,
     _find_choice_lists,
     load_params,
     render_folder,
     render_notebook,
+    seed_number,
+    seed_strength_bits,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,3 +165,45 @@ def test_make_grade_grades_your_own_notebook_with_feedback(tmp_path: Path, capsy
     (page,) = re.findall(r"feedback \(why each answer is right\): (\S+)", out)
     html = Path(page).read_text()
     assert "grade_choice" in html or "grade_number" in html  # the hidden tests, with their explanations
+
+
+# ------------------------------------------------------------------------------- a class's secret seed
+@pytest.mark.parametrize(("argv", "env", "says"), [
+    ([], {}, "a class needs a secret course seed"),  # the public default would render the keys for anyone
+    (["--seed", "424242424242"], {}, "too easy to find (about 39 bits"),  # every seed up to it can be tried
+    (["--seed", "spring2026"], {}, "too easy to find"),
+    ([], {"MINENGINE_COURSE_SEED": "12345"}, "too easy to find"),
+])
+def test_a_class_release_refuses_a_seed_anyone_could_find(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                          env: dict[str, str], says: str) -> None:
+    monkeypatch.delenv("MINENGINE_COURSE_SEED", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    course_dir = tmp_path / "course"
+    assert course.main(["release", "--course-dir", str(course_dir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "secrets.token_urlsafe" in err and "--public-seed" in err
+    assert not course_dir.exists(), "nothing is released with a seed that gives the keys away"
+
+
+def test_a_passphrase_seeds_a_class_and_the_public_seed_stays_for_self_study(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MINENGINE_COURSE_SEED", raising=False)
+    (assignment, _), *_ = QUIZZES.items()
+    secret = "0r4nge-Gl4ss-T1ger-W1nter-88"
+    assert seed_strength_bits(secret) >= MIN_CLASS_SEED_BITS
+    assert seed_number(secret) == seed_number(f" {secret} ") != seed_number(secret + "!")  # text, hashed
+    assert seed_number("424242") == 424242  # a number stays the number older classes used
+    course_dir = tmp_path / "class"
+    assert course.main(["release", "--course-dir", str(course_dir), "--assignment", assignment,
+                        "--seed", secret]) == 0
+    assert grading.course_seed(course_dir) == seed_number(secret)
+    # the class's next release reuses the stored seed: no seed needs to be typed again
+    assert course.main(["release", "--course-dir", str(course_dir), "--assignment", assignment]) == 0
+    assert grading.course_seed(course_dir) == seed_number(secret)
+    # self-paced use or a demo: the public default, on purpose
+    public = tmp_path / "self-paced"
+    assert course.main(["release", "--course-dir", str(public), "--assignment", assignment,
+                        "--public-seed"]) == 0
+    assert grading.course_seed(public) == DEFAULT_COURSE_SEED

@@ -38,7 +38,7 @@ from test_grading import (  # noqa: E402  (the grading suite's way of building s
 
 LAB = "lab1_kv_calculator"
 NB_PATH = f"{LAB}/{LAB}.ipynb"  # where a fetch puts the notebook, relative to the student's home
-SEED = 424242424242  # this class's course seed (numbers and answer order)
+SEED = "hub-class-7Hq2vN9xLw4pRt8Kd3"  # this class's secret course seed (numbers and answer order)
 PLANTED = "forgot_factor_two"  # tests/fixtures/grading/lab1_kv_calculator/<this>.txt
 LOAD_STUDENTS = 30
 REASON = skip_reason()

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from minengine.course.autograde_pool import run_in_parallel
-from minengine.course.templating import DEFAULT_COURSE_SEED, render_folder
+from minengine.course.templating import DEFAULT_COURSE_SEED, SEED_FILE, render_folder, seed_number
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COURSE_DIR = REPO_ROOT / "build" / "course"
 SOURCE_ROOTS = (REPO_ROOT / "labs", REPO_ROOT / "quizzes")
 COURSE_ID = "minengine"
-SEED_FILE = "course.json"  # {"seed": N}: what the release was rendered with (instructor-only)
 DEFAULT_TIMEOUT = 60  # seconds per cell; nbgrader interrupts a cell past it and grades the rest
 CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("replace this line with your answer")'
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
@@ -128,20 +127,18 @@ def discover_sources(roots: tuple[Path, ...] = SOURCE_ROOTS) -> dict[str, Path]:
     return found
 
 
-def course_seed(course_dir: Path = COURSE_DIR, seed: int | None = None) -> int:
-    """The seed this course's assignments are rendered with: ``seed`` if given, else the one the last
-    release used (``course.json``), else ``MINENGINE_COURSE_SEED``, else the public default."""
+def course_seed(course_dir: Path = COURSE_DIR, seed: int | str | None = None) -> int:
+    """The seed this course's assignments are rendered with: ``seed`` if given (a number, or any text,
+    hashed), else the one the last release used (``course.json``), else ``MINENGINE_COURSE_SEED``, else
+    the public default."""
     if seed is not None:
-        return int(seed)
+        return seed_number(seed)
     saved = course_dir / SEED_FILE
     if saved.is_file():
         return int(json.loads(saved.read_text())["seed"])
     env = os.environ.get("MINENGINE_COURSE_SEED", "").strip()
     if env:
-        try:
-            return int(env)
-        except ValueError:
-            raise GradingError(f"MINENGINE_COURSE_SEED must be a whole number, got {env!r}") from None
+        return seed_number(env)
     return DEFAULT_COURSE_SEED
 
 
@@ -191,7 +188,7 @@ def _gradebook(config: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ release
 @_in_grading_environment
 def release(course_dir: Path = COURSE_DIR, sources: dict[str, Path] | None = None,
-            timeout: int = DEFAULT_TIMEOUT, seed: int | None = None) -> dict[str, Path]:
+            timeout: int = DEFAULT_TIMEOUT, seed: int | str | None = None) -> dict[str, Path]:
     """Render the sources for the course seed, register them, generate the student versions; returns
     id -> release folder. The seed is kept in ``course.json`` so later releases and regrades agree."""
     from nbgrader.converters import GenerateAssignment

@@ -20,19 +20,50 @@ Anything left unreplaced is an error: a release never goes out with a placeholde
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 DEFAULT_COURSE_SEED = 2026
+# A class's seed must not be guessable from the public sources: anyone can render every seed below
+# 2**40 on a laptop (~1e12 renders is days), so a class seed needs more than that, with margin.
+MIN_CLASS_SEED_BITS = 64
+SEED_FILE = "course.json"  # {"seed": N}: what a class's release was rendered with (instructor-only)
 PLACEHOLDER = re.compile(r"@@([A-Za-z_][A-Za-z0-9_]*)@@")
 CHOICES_MARK = re.compile(r"^<!-- choices (\w+) -->[ \t]*$", re.M)
 OPTION = re.compile(r"^\* \[([ xX])\] (.*(?:\n(?!\* \[|\n).*)*)", re.M)  # an item and its wrapped lines
 LETTERS = "ABCDEFGH"
 PARAMS_FILE = "params.py"
+
+
+def seed_number(seed: int | str) -> int:
+    """The number a course seed renders with: a whole number as it is, any other text hashed (SHA-256,
+    first 62 bits), so an instructor may pick a passphrase."""
+    text = str(seed).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if not text:
+        raise ValueError("a course seed can't be empty")
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 2
+
+
+def seed_strength_bits(seed: int | str) -> float:
+    """A rough upper bound on the seed's entropy, in bits: log2 of a whole number, or the text's length
+    times log2 of the alphabet its character classes span. A number that was chosen at random is as
+    strong as this says; a word or a date is weaker, which is why the release's advice is a random one."""
+    text = str(seed).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return math.log2(abs(int(text)) + 1)
+    classes = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
+    alphabet = sum(len(c) for c in classes if any(ch in c for ch in text))
+    alphabet += 32 if any(not ch.isalnum() for ch in text) else 0
+    return len(text) * math.log2(max(alphabet, 2))
 
 
 class TemplateError(ValueError):

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from minengine.course.templating import MIN_CLASS_SEED_BITS, SEED_FILE, seed_strength_bits
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LESSONS_DIR = REPO_ROOT / "lessons"
 WORKSPACE_DIR = REPO_ROOT / "workspace"
@@ -133,13 +135,41 @@ def _print_scores(scores: list) -> None:
         print(f"  {s.assignment:24s} {s.student:{width}s} {s.score:6.1f} / {s.max_score:<5.1f}{flag}")
 
 
+SEED_ADVICE = "python3 -c 'import secrets; print(secrets.token_urlsafe(16))'"
+
+
+def class_seed_problem(course_dir: Path, seed: str | None, public: bool) -> str | None:
+    """Why this release's seed would let a student render the keys from the public sources, or None.
+
+    Every graded point depends on the course seed (``minengine.course.templating``): the default one is
+    public, and a short one can be found by rendering every seed up to it. ``public`` (self-paced use, a
+    demo) accepts either."""
+    if public:
+        return None
+    given = seed if seed is not None else os.environ.get("MINENGINE_COURSE_SEED", "").strip() or None
+    if given is None:
+        if (course_dir / SEED_FILE).is_file():
+            return None  # the seed this class's first release stored
+        return ("a class needs a secret course seed: the sources are public, so with the default seed "
+                "anyone can render this course's answers.")
+    bits = seed_strength_bits(given)
+    if bits < MIN_CLASS_SEED_BITS:
+        return (f"this course seed is too easy to find (about {bits:.0f} bits; a class needs "
+                f"{MIN_CLASS_SEED_BITS}): a student with the public sources could render every seed up to "
+                "it.")
+    return None
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     from minengine.course import grading
 
-    if args.seed is not None and abs(args.seed) < 2**32:
-        print(f"warning: seed {args.seed} is short; a student with the public sources could try every seed "
-              "up to it. Prefer e.g. python3 -c 'import secrets; print(secrets.randbits(62))'",
-              file=sys.stderr)
+    problem = class_seed_problem(args.course_dir, args.seed, args.public_seed)
+    if problem:
+        print(f"error: {problem}\nPick a random seed once per class and keep it private:\n"
+              f"  make release COURSE_SEED=$({SEED_ADVICE})\n"
+              "(self-paced use or a demo, where the keys need not be secret: add --public-seed, or "
+              "PUBLIC_SEED=1 to make)", file=sys.stderr)
+        return 2
     sources = None
     if args.assignment:  # one assignment only (e.g. the next lab of a running class)
         found = grading.discover_sources()
@@ -322,9 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_rel = course_cmd("release", "build the course directory and generate the student versions")
     p_rel.add_argument("--timeout", type=int, default=60, help="seconds per cell when grading (default 60)")
-    p_rel.add_argument("--seed", type=int, default=None,
-                       help="course seed: this class's numbers and answer order (default: the last "
-                            "release's, else $MINENGINE_COURSE_SEED, else the public default)")
+    p_rel.add_argument("--seed", default=None,
+                       help="course seed, any text (a class needs a random one of 64 bits or more: "
+                            f"{SEED_ADVICE}): this class's numbers and answer order (default: the last "
+                            "release's, else $MINENGINE_COURSE_SEED)")
+    p_rel.add_argument("--public-seed", action="store_true",
+                       help="accept the public default seed or a short one: keys anyone can render "
+                            "(self-paced use, a demo), never for a graded class")
     p_rel.add_argument("--assignment", help="release only this assignment (default: every lab and quiz)")
     p_sub = course_cmd("submit", "put a student's notebooks under submitted/<student>/<assignment>/")
     p_sub.add_argument("--student", required=True)

@@ -45,8 +45,11 @@ def _kv_transfer(rng: random.Random) -> dict:
                    f"{nbytes:,} bytes ({nbytes / 1e9:.2f} GB). A {gbps} Gb/s link carries {gbps} / 8 = "
                    f"{gb_per_s:g} GB/s, so the transfer takes {nbytes / 1e9:.3f} / {gb_per_s:g} s = {key:g} "
                    "ms (plus a fixed latency, ignored here). Forgetting that links are quoted in bits gives "
-                   f"an answer 8x too small. This time lands between the first token and the second, in the "
-                   f"user's first inter-token gap: next to a TPOT SLO of tens of ms, a transfer of this size "
+                   f"an answer 8x too small. Where the user feels it depends on the design: when the "
+                   "prefill instance returns the first token (lesson 09's simulator), it lands in the first "
+                   "inter-token gap; when the decode instance streams the whole answer (vLLM's "
+                   "disaggregated-prefill proxies send max_tokens=1 to the prefill side), it lands in TTFT. "
+                   f"Next to an SLO of tens of ms, a transfer of this size "
                    f"{'is small' if key < 10 else 'matters' if key < 100 else 'breaks it on its own'}. "
                    f"It grows with the prompt, which is why disaggregation runs on fast fabrics."),
     }
