@@ -195,6 +195,8 @@ def test_a_passphrase_seeds_a_class_and_the_public_seed_stays_for_self_study(
     assert seed_strength_bits(secret) >= MIN_CLASS_SEED_BITS
     assert seed_number(secret) == seed_number(f" {secret} ") != seed_number(secret + "!")  # text, hashed
     assert seed_number("424242") == 424242  # a number stays the number older classes used
+    src = QUIZZES[assignment]  # every entry point renders a text seed as its number
+    assert load_params(src, secret) == load_params(src, seed_number(secret))
     course_dir = tmp_path / "class"
     assert course.main(["release", "--course-dir", str(course_dir), "--assignment", assignment,
                         "--seed", secret]) == 0

@@ -91,14 +91,15 @@ class Rendered:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def load_params(folder: Path, seed: int) -> dict[str, Any]:
-    """``params(seed)`` from the assignment's params.py, or {} when it has none."""
+def load_params(folder: Path, seed: int | str) -> dict[str, Any]:
+    """``params(seed)`` from the assignment's params.py, or {} when it has none (``seed``: a course seed,
+    number or text, as :func:`seed_number` reads it)."""
     path = folder / PARAMS_FILE
     if not path.is_file():
         return {}
     namespace: dict[str, Any] = {"__name__": f"_minengine_params_{folder.name}", "__file__": str(path)}
     exec(compile(path.read_text(), str(path), "exec"), namespace)  # no __pycache__ left in the sources
-    values = namespace["params"](int(seed))
+    values = namespace["params"](seed_number(seed))
     if not isinstance(values, dict):
         raise TemplateError(f"{path}: params(seed) must return a dict, got {type(values).__name__}")
     return values
@@ -145,8 +146,9 @@ def _orders(lists: list[ChoiceList], seed: int, name: str) -> dict[str, list[int
     return orders
 
 
-def render_notebook(nb: dict[str, Any], seed: int, params: dict[str, Any], name: str = "") -> Rendered:
+def render_notebook(nb: dict[str, Any], seed: int | str, params: dict[str, Any], name: str = "") -> Rendered:
     """The notebook for one course seed (a new dict; ``nb`` is not changed)."""
+    seed = seed_number(seed)
     nb = json.loads(json.dumps(nb))
     cells = nb["cells"]
     lists = _find_choice_lists(cells)
@@ -176,7 +178,7 @@ def render_notebook(nb: dict[str, Any], seed: int, params: dict[str, Any], name:
     return Rendered(nb, keys, params)
 
 
-def render_folder(src: Path, dst: Path, seed: int) -> dict[str, Rendered]:
+def render_folder(src: Path, dst: Path, seed: int | str) -> dict[str, Rendered]:
     """Render every notebook of an assignment folder into ``dst``; other files are copied, params.py not."""
     import shutil
 
