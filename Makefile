@@ -15,6 +15,9 @@ EXTRAS ?= course,server,dev,book,hub
 ARGS ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k kvcalc"
 PYTEST_ARGS ?=
+# The suite on one pytest-xdist worker per core (at most 4), a test file per worker (tests/conftest.py);
+# XDIST= runs it in one process.
+XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 # Grading (see labs/README.md): the nbgrader course directory, and optional filters / paths.
 COURSE_DIR ?= build/course
 STUDENT ?=
@@ -75,11 +78,11 @@ course: $(STAMP) kernels models
 	$(PY) -m minengine.course open $(ARGS)
 
 test: $(STAMP) kernels models browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
 test-browser: $(STAMP) kernels models browser
-	$(PY) -m pytest -m browser tests/browser $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m browser tests/browser $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests, when we are root with apt-get and it is missing (quiet,
 # idempotent, never fails the build). Skip it with: make test BROWSER_INSTALL=0

@@ -283,10 +283,12 @@ def test_deleted_or_tampered_test_cells_are_restored(graded: dict, student: str,
     assert any(o.output_type == "error" for o in restored.outputs)
 
 
-@needs("lab1_kv_calculator", "quiz1_two_phases")
+@needs("lab1_kv_calculator", "quiz1_two_phases", "quiz2_roofline_latency_kv", "quiz4_prefix_serving")
 @pytest.mark.parametrize(("student", "assignment", "gid"), [
-    ("infinite_loop", "lab1_kv_calculator", "answer_concurrency"),
-    ("sabotage", "quiz1_two_phases", "answer_q3"),
+    ("infinite_loop", "lab1_kv_calculator", "answer_concurrency"),  # a busy loop
+    ("sabotage", "quiz1_two_phases", "answer_q3"),  # a busy loop
+    ("sabotage", "quiz2_roofline_latency_kv", "answer_q3"),  # an hour's sleep
+    ("sabotage", "quiz4_prefix_serving", "answer_q6"),  # a wait on an event nobody sets
 ])
 def test_an_infinite_loop_times_out_and_the_rest_is_graded(graded: dict, student: str, assignment: str,
                                                            gid: str) -> None:

@@ -68,7 +68,9 @@ def keep_executed(nb: nbformat.NotebookNode, path: Path) -> None:
     from minengine.course.book import EXECUTED_DIR, record_machine
 
     EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, EXECUTED_DIR / path.name)
+    partial = EXECUTED_DIR / f".{path.name}.partial"  # renamed whole: another worker may be reading it
+    nbformat.write(nb, partial)
+    partial.replace(EXECUTED_DIR / path.name)
     record_machine(EXECUTED_DIR)
 
 

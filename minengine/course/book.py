@@ -73,7 +73,9 @@ def machine_info() -> dict[str, Any]:
 def record_machine(folder: Path = EXECUTED_DIR) -> None:
     """Write ``machine.json`` next to executed lessons (tests/test_lessons.py calls this)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MACHINE_FILE).write_text(json.dumps(machine_info(), indent=1) + "\n")
+    partial = folder / f".{MACHINE_FILE}.{os.getpid()}"  # renamed whole: a test may be reading it
+    partial.write_text(json.dumps(machine_info(), indent=1) + "\n")
+    partial.replace(folder / MACHINE_FILE)
 
 
 def describe_machine(info: dict[str, Any] | None) -> str:

@@ -161,9 +161,11 @@ def _wait_ready(server: LabServer) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the browser
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the session (Debian's; Playwright never downloads one here)."""
+    """One headless Chromium per module (Debian's; Playwright never downloads one here). Not one per
+    session: while Playwright's sync API is open, its event loop counts as running in this thread, so a
+    later test's ``asyncio.run()`` on the same xdist worker would fail."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
