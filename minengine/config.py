@@ -210,3 +210,40 @@ class EngineConfig:
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+SPECULATIVE_METHODS = ("ngram",)  # drafting by prompt lookup; a draft model comes next (issue 40)
+
+
+@dataclass
+class SpeculativeConfig:
+    """How to guess tokens ahead (vLLM's ``speculative_config``, its names and defaults).
+
+    ``method="ngram"`` drafts by prompt lookup: the longest n-gram of ``prompt_lookup_min`` to
+    ``prompt_lookup_max`` tokens that ends the sequence and also occurs earlier in it proposes the
+    ``num_speculative_tokens`` tokens that followed it there. Only one of the two lookup sizes given:
+    the other takes its value; neither: both are 5, vLLM's default (``vllm/config/speculative.py``,
+    v0.11, which calls them arbitrarily chosen).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not one of "
+                             f"{', '.join(SPECULATIVE_METHODS)}")
+        _positive_int("num_speculative_tokens", self.num_speculative_tokens)
+        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            self.prompt_lookup_min = self.prompt_lookup_max = 5
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+        _positive_int("prompt_lookup_min", self.prompt_lookup_min)
+        _positive_int("prompt_lookup_max", self.prompt_lookup_max)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
