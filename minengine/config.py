@@ -72,9 +72,22 @@ class EngineConfig:
     # weights in memory. None: on whenever oneDNN runs the many-row calls and the copy takes at most a quarter
     # of the memory available (linear_kernels.prepack_fits); False: off; True: insist.
     prepack_weights: bool | None = None
+    # Speculative decoding (vLLM's name): a SpeculativeConfig or its dict, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 3}; None: off. Drafts ride in a decode's step and are verified there.
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
+        if isinstance(self.speculative_config, dict):
+            try:
+                self.speculative_config = SpeculativeConfig(**self.speculative_config)
+            except TypeError as e:  # an unknown key
+                raise ValueError(f"speculative_config: {e}; its keys are method, num_speculative_tokens, "
+                                 "prompt_lookup_max and prompt_lookup_min") from None
+        elif self.speculative_config is not None and not isinstance(self.speculative_config,
+                                                                    SpeculativeConfig):
+            raise ValueError("speculative_config must be a SpeculativeConfig, a dict of its fields or None, "
+                             f"got {self.speculative_config!r}")
         _positive_int("max_num_seqs", self.max_num_seqs)
         for name in ("num_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) is not None:

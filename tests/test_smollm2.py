@@ -132,6 +132,9 @@ SCENARIOS = {
     "prefix_cache_shared_system": dict(enable_prefix_caching=True, max_num_batched_tokens=96),
     # 24 blocks of 16 = 384 tokens for eight requests that each grow to ~8 blocks (70-token prompt + 64)
     "preempting_kv_24_blocks": dict(num_blocks=24, max_model_len=160, max_num_batched_tokens=64),
+    # speculative decoding: n-gram drafts from the prompt and the answer, verified in the decode steps
+    "speculative_ngram": dict(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                  "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
 }
 
 
@@ -162,6 +165,11 @@ def test_greedy_chat_answers_match_hf_generate(model, tokenizer, prompts, refere
         print(f"preemptions: {llm.llm_engine.num_preemptions}")
         assert llm.llm_engine.num_preemptions > 0
         assert max(s.kv_blocks_used for s in steps) <= 24
+    if scenario.startswith("speculative"):
+        drafted = sum(s.num_draft_tokens for s in steps)
+        accepted = sum(s.num_accepted_tokens for s in steps)
+        print(f"drafts accepted: {accepted}/{drafted}")
+        assert 0 < accepted < drafted
     assert llm.llm_engine.kv_cache_usage == 0
 
 

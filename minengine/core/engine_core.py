@@ -35,13 +35,14 @@ MAX_STEP_RECORDS = 100_000  # kept by a long-running engine (a server); older on
 class ModelRunnerOutput:
     """What an executor returns for one step (vLLM v1's name).
 
-    ``sampled_token_ids`` maps each request that got a new token (``ScheduledRequest.sample``) to it.
+    ``sampled_token_ids`` maps each request that got a new token (``ScheduledRequest.sample``) to it, or,
+    for a decode that verified drafts (speculative decoding), to the list of tokens it keeps.
     ``elapsed`` is the step's duration for executors that *predict* it (the simulator); real executors
     leave it None and the core reads its clock. ``timings`` are phase times in seconds for the
     StepRecord: ``t_prepare``, ``t_forward``, ``t_sample``; ``timing`` says how they were taken.
     """
 
-    sampled_token_ids: dict[str, int]
+    sampled_token_ids: dict[str, int | list[int]]
     elapsed: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     timing: str = ""
@@ -72,7 +73,7 @@ class EngineCoreOutput:
     """One finished step: what ran, the tokens it produced, who finished, and its record."""
 
     scheduler_output: SchedulerOutput
-    sampled_token_ids: dict[str, int]
+    sampled_token_ids: dict[str, int | list[int]]
     finished: list[Request]
     record: StepRecord
 

@@ -28,7 +28,7 @@ class NgramProposer:
 
     def propose(self, token_ids: Sequence[int]) -> list[int]:
         """Draft tokens to follow ``token_ids`` (a request's prompt and output so far); [] for no guess."""
-        tokens = list(token_ids)
+        tokens = token_ids if isinstance(token_ids, list) else list(token_ids)  # read, never changed
         num_tokens = len(tokens)
         k = min(self.k, self.max_model_len - num_tokens)  # a draft may not run past the context
         if k <= 0:

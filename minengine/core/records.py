@@ -31,6 +31,8 @@ class RequestRecord:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted for it and verified
+    num_accepted_tokens: int = 0  # of which the target model kept
 
     @property
     def first_token_time(self) -> float | None:
@@ -86,7 +88,7 @@ class StepRecord:
     start: float
     end: float
     num_prefill_tokens: int = 0  # prompt tokens computed this step (all prefill chunks together)
-    num_decode_tokens: int = 0  # one per decoding sequence
+    num_decode_tokens: int = 0  # one per decoding sequence, plus its drafts under speculative decoding
     num_prefill_seqs: int = 0
     num_decode_seqs: int = 0
     num_running: int = 0  # after scheduling
@@ -96,6 +98,8 @@ class StepRecord:
     kv_blocks_total: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache this step
     prefix_cache_hits: int = 0  # of which found cached
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified this step (in num_decode_tokens)
+    num_accepted_tokens: int = 0  # of which the target model kept
     t_schedule: float = 0.0
     t_prepare: float = 0.0
     t_forward: float = 0.0

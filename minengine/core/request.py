@@ -68,6 +68,7 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.block_table: list[int] = []  # KV block ids, in order (block i holds tokens i*bs..)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids (prefix cache)
+        self.spec_token_ids: list[int] = []  # drafts to verify in its next step (speculative decoding)
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         # Set by ``prepare_stops`` when the scheduler takes the request: what lets it append most tokens
         # without the full stop checks (see ``Scheduler.update_from_output``).

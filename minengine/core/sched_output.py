@@ -50,6 +50,7 @@ class SchedulerOutput:
         preempted_request_ids: list[str] | None = None, num_running: int = 0, num_waiting: int = 0,
         kv_blocks_used: int = 0, kv_blocks_total: int = 0, prefix_cache_queries: int = 0,
         prefix_cache_hits: int = 0, finished_req_ids: set[str] | None = None,
+        scheduled_spec_decode_tokens: dict[str, list[int]] | None = None,
     ) -> None:
         self.entries: list[Entry] = [] if entries is None else entries
         # KV length (context + the new token) of each decode, and (chunk tokens, context before it) of
@@ -66,6 +67,12 @@ class SchedulerOutput:
         # Requests that finished or were aborted since the previous step: an executor that keeps
         # per-request state (the sampler's seeded generators) drops it (vLLM's ``finished_req_ids``).
         self.finished_req_ids: set[str] = set() if finished_req_ids is None else finished_req_ids
+        # Speculative decoding (vLLM's name): the drafts a decode verifies in this step. Such a decode
+        # computes 1 + len(drafts) tokens: its last token, then the drafts; the executor returns the
+        # tokens it keeps as a list, and ``update_from_output`` counts them here.
+        self.scheduled_spec_decode_tokens: dict[str, list[int]] = (
+            {} if scheduled_spec_decode_tokens is None else scheduled_spec_decode_tokens)
+        self.num_accepted_tokens = 0
         self._scheduled: list[ScheduledRequest] | None = None
         if scheduled is not None:
             self.scheduled = scheduled
@@ -116,12 +123,14 @@ class SchedulerOutput:
     def to_step_record(self, step: int, start: float, end: float, **times: float) -> StepRecord:
         """A StepRecord of this batch; ``times`` are t_schedule / t_prepare / t_forward / t_sample."""
         chunks, decode_lens = self.prefill_chunks, self.decode_context_lens
+        drafts = sum(len(d) for d in self.scheduled_spec_decode_tokens.values()) if (
+            self.scheduled_spec_decode_tokens) else 0
         return StepRecord(
             step=step,
             start=start,
             end=end,
             num_prefill_tokens=sum(c for c, _ in chunks),
-            num_decode_tokens=len(self.entries) - len(chunks),  # a decode computes one token
+            num_decode_tokens=len(self.entries) - len(chunks) + drafts,  # a decode: 1 token + its drafts
             num_prefill_seqs=len(chunks),
             num_decode_seqs=len(decode_lens),
             num_running=self.num_running,
@@ -131,6 +140,8 @@ class SchedulerOutput:
             kv_blocks_total=self.kv_blocks_total,
             prefix_cache_queries=self.prefix_cache_queries,
             prefix_cache_hits=self.prefix_cache_hits,
+            num_draft_tokens=drafts,
+            num_accepted_tokens=self.num_accepted_tokens,
             decode_context_lens=decode_lens,
             prefill_chunks=chunks,
             **times,

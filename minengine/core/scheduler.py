@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.block_manager import BlockManager
+from minengine.core.ngram_proposer import NgramProposer
 from minengine.core.policies import (
     DecodeFirstPolicy,
     PolicyError,
@@ -104,6 +105,9 @@ class Scheduler:
         self.num_preemptions = 0  # total, like vllm:num_preemptions
         self._num_external_computed: dict[str, int] = {}  # waiting request id -> tokens whose KV came in
         self._finished_req_ids: set[str] = set()  # since the last schedule(), for the executor
+        # Speculative decoding: drafts for each decoding request, proposed after every step it samples in.
+        spec = config.speculative_config
+        self.drafter = NgramProposer(spec, self.max_model_len) if spec is not None else None
 
     # ---- requests in and out ----
     def check_request(self, request: Request) -> None:
@@ -172,8 +176,10 @@ class Scheduler:
         entries: list[Entry] = []
         decode_lens: list[int] = []
         chunks: list[tuple[int, int]] = []
+        spec_tokens: dict[str, list[int]] = {}
         out = SchedulerOutput(entries=entries, decode_context_lens=decode_lens, prefill_chunks=chunks,
-                              finished_req_ids=self._finished_req_ids)
+                              finished_req_ids=self._finished_req_ids,
+                              scheduled_spec_decode_tokens=spec_tokens)
         self._finished_req_ids = set()
         # Ids scheduled so far in this step. A built-in policy never offers a request twice, so for it the
         # set is only built when a preemption or an admission needs it (``_scheduled_ids``).
@@ -203,16 +209,23 @@ class Scheduler:
                         continue
                     if policy_sizes and not self._policy_tokens(req, 1, budget):
                         continue
+                    num_new = 1
+                    drafts = req.spec_token_ids
+                    if drafts:  # speculative decoding: drafts ride along, as far as budget and length allow
+                        drafts = drafts[: min(budget - 1, req.max_num_tokens - len(req.token_ids) - 1)]
+                        num_new += len(drafts)
                     # Most decode steps fit in the last block already: no allocation to ask for.
-                    if start >= len(req.block_table) * block_size and not self._allocate_running(
-                        req, 1, entries, scheduled if dedupe else None, preempted
+                    if start + num_new > len(req.block_table) * block_size and not self._allocate_running(
+                        req, num_new, entries, scheduled if dedupe else None, preempted
                     ):
                         continue  # it preempted itself
-                    add_entry((req, 1, start, False, True))
-                    add_decode(start + 1)
+                    add_entry((req, num_new, start, False, True))
+                    add_decode(start + num_new)
+                    if drafts:
+                        spec_tokens[req.request_id] = drafts
                     if dedupe:
                         scheduled.add(req.request_id)
-                    budget -= 1
+                    budget -= num_new
                     continue
                 num_new = num_needed if num_needed <= budget else budget
                 if policy_sizes:
@@ -275,8 +288,8 @@ class Scheduler:
         return out
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: dict[str, int], now: float | None = None,
-        stop_checker: StopChecker | None = None,
+        self, output: SchedulerOutput, sampled_token_ids: dict[str, int | list[int]],
+        now: float | None = None, stop_checker: StopChecker | None = None,
     ) -> list[Request]:
         """After the forward pass: advance computed tokens, cache full blocks, append sampled tokens,
         stop finished requests (EOS, stop token ids, max_tokens, max_model_len, and a stop string when
@@ -291,14 +304,23 @@ class Scheduler:
         bm, bs = self.block_manager, self.block_manager.block_size
         caching = bm.enable_prefix_caching
         get_token = sampled_token_ids.get
-        for req, n, start, _, sample in output.entries:
+        for req, n, start, is_prefill, sample in output.entries:
             if req.status is not running:
                 continue  # aborted while the step ran
+            token = get_token(req.request_id)
+            if type(token) is list:  # a decode that verified drafts: the tokens it kept
+                if self._append_verified(req, start, token, output, now, stop_checker):
+                    finished.append(req)
+                continue
+            if n != 1 and not is_prefill:
+                raise RuntimeError(
+                    f"request {req.request_id!r} verified {n - 1} drafts in this step, but the executor "
+                    "returned one token: ModelRunnerOutput.sampled_token_ids needs the list of tokens it kept"
+                )
             end = start + n
             req.num_computed_tokens = end  # it was ``start``: only the scheduler moves it
             if caching and end // bs > start // bs:  # a block filled up: cache it
                 bm.cache_blocks(req)
-            token = get_token(req.request_id)
             if token is None:
                 if sample:
                     raise RuntimeError(
@@ -328,7 +350,47 @@ class Scheduler:
                 finished.append(req)
         if finished:  # one pass over the running list, not one remove() per finished request
             self.running = [r for r in self.running if r.status is running]
+        if self.drafter is not None:
+            self._propose_drafts(output)
         return finished
+
+    # ---- speculative decoding ----
+    def _append_verified(self, req: Request, start: int, tokens: list[int], output: SchedulerOutput,
+                         now: float, stop_checker: StopChecker | None) -> bool:
+        """Apply a verified decode: ``tokens`` are the drafts the target kept, then its own token. Their
+        K/V (the decode's token and the kept drafts) is computed; a rejected draft's slot is simply
+        written over later, since ``num_computed_tokens`` stops before it. Tokens after a stop are
+        dropped (and cut from ``tokens``, which the engine streams). True when the request finished."""
+        drafts = output.scheduled_spec_decode_tokens.get(req.request_id, [])
+        req.record.num_draft_tokens += len(drafts)
+        req.record.num_accepted_tokens += len(tokens) - 1
+        output.num_accepted_tokens += len(tokens) - 1
+        status = None
+        for i, token in enumerate(tokens):
+            status = req.append_output_token(token, now, self.max_model_len)
+            if stop_checker is not None:
+                stop = stop_checker(req, status is not None)
+                if stop is not None:
+                    status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+            if status is not None:
+                del tokens[i + 1:]
+                break
+        req.num_computed_tokens = len(req.token_ids) - 1  # all but the newest token, as after any decode
+        if self.block_manager.enable_prefix_caching:
+            self.block_manager.cache_blocks(req)
+        if status is None:
+            return False
+        self.requests.pop(req.request_id)
+        self._finish(req, status, now)
+        return True
+
+    def _propose_drafts(self, output: SchedulerOutput) -> None:
+        """New drafts for every request that got tokens in this step and decodes next (n-gram lookup over
+        its prompt and output so far)."""
+        assert self.drafter is not None
+        for req, _, _, _, sample in output.entries:
+            if sample and req.status is RequestStatus.RUNNING and not req.is_prefill:
+                req.spec_token_ids = self.drafter.propose(req.token_ids)
 
     # ---- helpers ----
     def _policy_tokens(self, req: Request, num_needed: int, budget: int) -> int:
@@ -396,6 +458,7 @@ class Scheduler:
         self.running.remove(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.record.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

@@ -164,7 +164,8 @@ class LLMEngine:
             request = s.request
             if request.sampling_params.output_kind is FINAL_ONLY and not request.is_finished:
                 continue  # nothing to build (and no output list to copy) until it finishes
-            outputs.append(self._make_output(request, [token], request.record.token_times[-1]))
+            new_ids = token if type(token) is list else [token]  # a verified decode can keep several
+            outputs.append(self._make_output(request, new_ids, request.record.token_times[-1]))
         return outputs
 
     def _check_stop_string(self, request: Request, finishing: bool) -> str | None:

@@ -10,7 +10,9 @@ decodes alike, so one forward pass serves the whole batch (Orca's iteration-leve
 token carries its own position, and ``AttentionMetadata`` says where each request's tokens start, how
 long its context is, and which cache slot each new K/V goes to. Logits are computed only for the last
 token of requests that reach the end of their tokens in this step: a partial prefill chunk samples
-nothing, and skipping its rows saves a [tokens, vocab] matmul.
+nothing, and skipping its rows saves a [tokens, vocab] matmul. A decode that verifies k drafts
+(speculative decoding) is a chunk of k + 1 tokens with logits at each; the sampler keeps what the
+target model agrees with (``engine/rejection_sampler.py``).
 
 Attention goes through the backend the worker chose (``models/attention/backends.py``): it builds the
 step's metadata here, once, and every layer's attention reads it. On a GPU (or on a CPU under the Triton
@@ -105,7 +107,9 @@ class ModelRunner:
             t1 = self._clock()
             logits = self.forward(inputs)
         t2 = self._clock()
-        tokens = self.sampler(logits, [s.request for s in sampled_reqs])
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        requests = [s.request for s in sampled_reqs]
+        tokens = self.sampler.verify(logits, requests, spec) if spec else self.sampler(logits, requests)
         t3 = self._clock()
         sampled = {s.request_id: tok for s, tok in zip(sampled_reqs, tokens, strict=True)}
         timings = {"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2}
@@ -127,15 +131,23 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_rows: list[int] = []
         sampled: list[ScheduledRequest] = []
+        spec = output.scheduled_spec_decode_tokens
         for s in output.scheduled:
             req, end = s.request, s.start + s.num_tokens
-            ids += req.token_ids[s.start : end]
+            drafts = spec.get(req.request_id) if spec else None
+            if drafts:  # speculative decoding: its last token, then the drafts; logits at every one
+                ids.append(req.token_ids[s.start])
+                ids += drafts
+                logits_rows += range(len(ids) - 1 - len(drafts), len(ids))
+            else:
+                ids += req.token_ids[s.start : end]
+                if s.sample:
+                    logits_rows.append(len(ids) - 1)
             positions += range(s.start, end)
             query_lens.append(s.num_tokens)
             seq_lens.append(end)
             tables.append(req.block_table)
             if s.sample:
-                logits_rows.append(len(ids) - 1)
                 sampled.append(s)
         meta = self.attn_backend.build_metadata(query_lens, seq_lens, tables, self.kv_cache.block_size,
                                                 self.device)
@@ -153,7 +165,7 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_cache.kv_caches)
         if not inputs.sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32)
-        if len(inputs.sampled) < hidden.shape[0]:  # else every row is sampled, in order (all decodes)
+        if inputs.logits_indices.shape[0] < hidden.shape[0]:  # else every row, in order (all decodes)
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)
         return logits if logits.dtype == torch.float32 else logits.float()

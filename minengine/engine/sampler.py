@@ -13,6 +13,7 @@ import torch
 
 from minengine.core.request import Request
 from minengine.core.sampling_params import SamplingParams
+from minengine.engine.rejection_sampler import greedy_verify, rejection_sample
 
 
 class Sampler:
@@ -47,6 +48,37 @@ class Sampler:
                 draw = torch.multinomial(probs[j], 1, generator=self.generator_for(requests[i]))
                 tokens[i] = draw[0]
         return tokens.tolist()
+
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, requests: list[Request],
+               drafts: dict[str, list[int]]) -> list[int | list[int]]:
+        """A step with drafts (speculative decoding): a request with k drafts owns k + 1 consecutive rows
+        of ``logits`` and gets back the list of tokens the target keeps (``rejection_sampler``: its
+        distribution, unchanged); the others get one token from their row, as ``__call__`` gives."""
+        out: list[int | list[int]] = []
+        plain_rows, plain_at = [], []
+        row = 0
+        for request in requests:
+            own = drafts.get(request.request_id)
+            if not own:
+                plain_rows.append(row)
+                plain_at.append(len(out))
+                out.append(-1)  # filled in below, with the other single-row requests
+                row += 1
+                continue
+            rows = logits[row : row + len(own) + 1]
+            row += len(own) + 1
+            params = request.sampling_params
+            if params.greedy:
+                out.append(greedy_verify(own, rows))
+            else:
+                probs = self.probabilities(rows, [params] * rows.shape[0])
+                out.append(rejection_sample(own, probs, None, self.generator_for(request)))
+        if plain_rows:
+            tokens = self(logits[plain_rows], [requests[i] for i in plain_at])
+            for i, token in zip(plain_at, tokens, strict=True):
+                out[i] = token
+        return out
 
     @staticmethod
     def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

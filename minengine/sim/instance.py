@@ -24,6 +24,10 @@ class SimInstance:
     """One engine replica: the real scheduler, a simulated executor and clock, its step records."""
 
     def __init__(self, name: str, config: EngineConfig, num_blocks: int, executor: Executor) -> None:
+        if config.speculative_config is not None:
+            raise ValueError("the simulator does not model speculative decoding yet (its executor does not "
+                             "verify drafts): leave speculative_config out, and price a verify step with "
+                             "minengine.perf.speculative.estimate")
         self.name = name
         self.now = 0.0
         scheduler = Scheduler(config, num_blocks, clock=lambda: self.now)
