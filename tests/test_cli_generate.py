@@ -36,6 +36,20 @@ def test_generate_streams_text_then_timing():
     assert "TTFT" not in proc.stdout
 
 
+def test_generate_with_speculative_decoding_prints_the_same_story_and_its_drafts():
+    prompt = "Tom had a red ball. Tom had a red ball and a blue ball. Tom had"
+    common = ("generate", prompt, "--max-tokens", "24", "--temperature", "0", "--threads", "1",
+              "--ignore-eos", "--model", "tinystories-4m")
+    plain = run_cli(*common)
+    spec = run_cli(*common, "--speculative", "ngram", "--num-speculative-tokens", "3",
+                   "--prompt-lookup-min", "1", "--prompt-lookup-max", "3")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout  # verification keeps the greedy story as it was
+    drafts = re.search(r"drafts accepted (\d+)/(\d+) \(\d+ %\)", spec.stderr)
+    assert drafts and int(drafts.group(2)) > 0, spec.stderr
+    assert "drafts" not in plain.stderr
+
+
 def test_generate_chat_and_remote(torch_one_thread):
     """--chat in-process, and the same through --base-url against a server in this test process."""
     from minengine.server import ServerThread, create_app
@@ -73,6 +87,10 @@ def test_help_lists_every_subcommand(capsys):
         ["generate", ""],
         ["generate", "x", "--temperature", "-1"],
         ["generate", "x", "--top-p", "2"],
+        ["generate", "x", "--speculative", "eagle"],
+        ["generate", "x", "--speculative", "ngram", "--prompt-lookup-min", "4", "--prompt-lookup-max", "2",
+         "--model", "tinystories-4m", "--threads", "1"],
+        ["generate", "x", "--speculative", "ngram", "--base-url", "http://127.0.0.1:9"],
         ["generate", "x", "--model", os.path.join("no", "such", "model"), "--threads", "1"],
         ["generate"],
     ],

@@ -11,6 +11,7 @@ Hugging Face ``generate()``) and below on a prompt that repeats.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -137,3 +138,46 @@ def test_bad_speculative_config_is_a_clear_error() -> None:
         LLM("tinystories-4m", speculative_config={"num_spec_tokens": 3})
     with pytest.raises(ValueError, match="is not one of ngram"):
         LLM("tinystories-4m", speculative_config={"method": "eagle"})
+
+
+def test_the_server_streams_verified_tokens_and_exports_vllms_counters() -> None:
+    import httpx
+
+    from minengine.server import ServerThread, create_app
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    body = {"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    reference = LLM("tinystories-4m").generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=24,
+                                                                            ignore_eos=True), use_tqdm=False)
+    app = create_app(model="tinystories-4m", speculative_config=spec)
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        plain = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        pieces = []
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    pieces.append(json.loads(line[6:])["choices"][0]["text"])
+        metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in http.get("/metrics").text.splitlines() if line and not line.startswith("#")}
+    assert plain == "".join(pieces) == reference[0].outputs[0].text
+    label = '{model_name="tinystories-4m"}'
+    drafted = metrics[f"minengine:spec_decode_num_draft_tokens_total{label}"]
+    accepted = metrics[f"minengine:spec_decode_num_accepted_tokens_total{label}"]
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert metrics[f"minengine:spec_decode_num_drafts_total{label}"] > 0
+
+
+def test_the_run_summary_reports_acceptance_as_vllms_benchmark_does() -> None:
+    from minengine.metrics.stats import summarize
+
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    _, llm = run(PROMPTS[:3], params)
+    drafted, accepted = drafted_and_accepted(llm)
+    summary = summarize(list(llm.llm_engine.request_records), steps=list(llm.step_records))
+    assert (summary.num_draft_tokens, summary.num_accepted_tokens) == (drafted, accepted)
+    table = summary.format_table()
+    assert "Speculative Decoding" in table and f"{100 * accepted / drafted:.2f}" in table
+    plain = LLM("tinystories-4m")
+    plain.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert "Speculative" not in summarize(list(plain.llm_engine.request_records),
+                                          steps=list(plain.step_records)).format_table()

@@ -52,6 +52,14 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--compile-decode", action="store_true",
                         help="CPU: run decode steps as one torch.compile'd graph (compiles first, ~1 min)")
+    parser.add_argument("--speculative", choices=["ngram"], default=None,
+                        help="speculative decoding: draft by n-gram lookup in the prompt and output, verify "
+                             "in the decode steps (the output stays what it would be without)")
+    parser.add_argument("--num-speculative-tokens", type=positive_int, default=3, help="drafts per step")
+    parser.add_argument("--prompt-lookup-max", type=positive_int, default=None,
+                        help="longest n-gram to match (default 5, as vLLM)")
+    parser.add_argument("--prompt-lookup-min", type=positive_int, default=None,
+                        help="shortest n-gram to match (default: --prompt-lookup-max)")
     parser.add_argument("--base-url", default=None, help="stream from this OpenAI-compatible server instead")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="for --base-url")
     parser.set_defaults(func=run)
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         return _fail(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.speculative and args.base_url:
+        return _fail("--speculative runs in this process's engine; a server decides its own (drop one)")
     try:
         if args.base_url:
             record = asyncio.run(_stream_remote(args))
@@ -98,6 +108,10 @@ def timing_line(record: Any) -> str:
     decode = record.token_times[-1] - record.token_times[0]
     if n > 1 and decode > 0:
         line += f" (decode {(n - 1) / decode:.1f} tok/s)"
+    drafted = getattr(record, "num_draft_tokens", 0)
+    if drafted:
+        accepted = record.num_accepted_tokens
+        line += f" | drafts accepted {accepted}/{drafted} ({100 * accepted / drafted:.0f} %)"
     return line
 
 
@@ -117,6 +131,11 @@ async def _stream_local(args: argparse.Namespace) -> Any:
     options: dict[str, Any] = {"device": args.device} if args.device else {}
     if args.compile_decode:
         options["compile_decode"] = True
+    if args.speculative:
+        options["speculative_config"] = {"method": args.speculative,
+                                         "num_speculative_tokens": args.num_speculative_tokens,
+                                         "prompt_lookup_max": args.prompt_lookup_max,
+                                         "prompt_lookup_min": args.prompt_lookup_min}
     options |= backend_options(args)
     from minengine.models.loader import cli_default_model
 

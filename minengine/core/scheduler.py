@@ -108,6 +108,8 @@ class Scheduler:
         # Speculative decoding: drafts for each decoding request, proposed after every step it samples in.
         spec = config.speculative_config
         self.drafter = NgramProposer(spec, self.max_model_len) if spec is not None else None
+        # Totals since start, like vLLM's spec_decode counters: decodes that verified drafts, drafts, kept.
+        self.spec_decode_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
 
     # ---- requests in and out ----
     def check_request(self, request: Request) -> None:
@@ -365,6 +367,10 @@ class Scheduler:
         req.record.num_draft_tokens += len(drafts)
         req.record.num_accepted_tokens += len(tokens) - 1
         output.num_accepted_tokens += len(tokens) - 1
+        stats = self.spec_decode_stats
+        stats["num_drafts"] += 1
+        stats["num_draft_tokens"] += len(drafts)
+        stats["num_accepted_tokens"] += len(tokens) - 1
         status = None
         for i, token in enumerate(tokens):
             status = req.append_output_token(token, now, self.max_model_len)

@@ -279,6 +279,14 @@ class LLMEngine:
         return self.scheduler.block_manager.usage
 
     @property
+    def spec_decode_stats(self) -> dict[str, int] | None:
+        """Speculative decoding's totals since start (None when it is off): decodes that verified
+        drafts, drafted tokens, accepted tokens."""
+        if self.config.speculative_config is None:
+            return None
+        return dict(self.scheduler.spec_decode_stats)
+
+    @property
     def prefix_cache_stats(self) -> dict[str, int]:
         bm = self.scheduler.block_manager
         return {"queries": bm.prefix_cache_queries, "hits": bm.prefix_cache_hits}

@@ -121,6 +121,9 @@ class RunSummary:
     max_kv_cache_usage: float | None = None
     num_preemptions: int | None = None
     prefix_cache_hit_rate: float | None = None
+    # speculative decoding (None when no step verified drafts): drafted tokens, of which kept
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
     time_split: dict[str, float] | None = None
     requests: list[RequestRecord] = field(default_factory=list, repr=False, compare=False)
 
@@ -188,6 +191,14 @@ class RunSummary:
                     "n/a" if self.prefix_cache_hit_rate is None else _num(100 * self.prefix_cache_hit_rate),
                 ),
             ]
+            if self.num_draft_tokens:  # vLLM's benchmark prints the same section when it speculates
+                rate = (self.num_accepted_tokens or 0) / self.num_draft_tokens
+                rows += [
+                    ("Speculative Decoding#", ""),
+                    ("Acceptance rate (%):", _num(100 * rate)),
+                    ("Draft tokens:", str(self.num_draft_tokens)),
+                    ("Accepted tokens:", str(self.num_accepted_tokens)),
+                ]
             for phase, seconds in (self.time_split or {}).items():
                 rows.append((f"Time in {phase} (s):", _num(seconds, 3)))
         return rows
@@ -274,6 +285,10 @@ def _add_step_stats(summary: RunSummary, steps: list[StepRecord]) -> None:
     summary.num_preemptions = sum(s.num_preempted for s in steps)
     queries = sum(s.prefix_cache_queries for s in steps)
     summary.prefix_cache_hit_rate = sum(s.prefix_cache_hits for s in steps) / queries if queries else None
+    drafted = sum(s.num_draft_tokens for s in steps)
+    if drafted:
+        summary.num_draft_tokens = drafted
+        summary.num_accepted_tokens = sum(s.num_accepted_tokens for s in steps)
     split = {
         "schedule": sum(s.t_schedule for s in steps),
         "prepare": sum(s.t_prepare for s in steps),

@@ -228,6 +228,13 @@ class _EngineCollector(Collector):
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", prefix_stats["queries"]),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", prefix_stats["hits"]),
         ]
+        spec = getattr(engine, "spec_decode_stats", None)
+        if spec is not None:  # vLLM's names, exported only when speculative decoding is on
+            counters += [
+                ("spec_decode_num_drafts", "Decodes that verified drafts.", spec["num_drafts"]),
+                ("spec_decode_num_draft_tokens", "Drafted tokens verified.", spec["num_draft_tokens"]),
+                ("spec_decode_num_accepted_tokens", "Drafted tokens kept.", spec["num_accepted_tokens"]),
+            ]
         for name, doc, value in counters:
             c = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             c.add_metric(labels, float(value))
