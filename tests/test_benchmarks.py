@@ -353,3 +353,11 @@ def test_read_aware_floor_adds_the_reads_to_the_compute_floor() -> None:
     steps = max(o for _, o in work) - 1
     weights = 4 * (2 * (64 * (64 + 64) + 64 * 64 + 3 * 64 * 128) + 64 * 100)
     assert slow > compute + steps * weights / 1e6 * 0.99  # every decode step reads every weight at least
+
+
+def test_speculative_smoke() -> None:
+    from benchmarks import speculative
+
+    r = speculative.main(["--smoke"])
+    assert [x["batch"] for x in r["results"]] == [1, 2]
+    assert all(x["identical"] for x in r["results"])  # greedy tokens unchanged by the drafts

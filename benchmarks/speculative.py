@@ -1,0 +1,145 @@
+"""Speculative decoding on this CPU: output tokens/s with and without n-gram drafts, on text that repeats
+its prompt and on chat that does not, at batch 1 and up to where it stops paying.
+
+    .venv/bin/python benchmarks/speculative.py                              # SmolLM2-135M fp32, 3 rounds
+    .venv/bin/python benchmarks/speculative.py --batches 1,2,4,8,16 --rounds 3 --json out.json
+    .venv/bin/python benchmarks/speculative.py --smoke                      # seconds; for the CI test
+
+Workloads (the model's chat template, greedy):
+* ``repeat``: the user gives a paragraph and asks for it back word for word. The answer quotes the
+  prompt, so prompt lookup finds most of it: the case speculation is for (summaries, code edits).
+* ``chat``: open questions under a shared system prompt. The answers reuse few n-grams of their prompts.
+
+Both engines share one loaded model; the rounds interleave them, so load drift hits both. A run is one
+``generate()`` of ``batch`` requests; its figure is output tokens / wall time (prefill included, which is
+small next to 96 decode steps). Greedy tokens are checked identical with and without drafts. At batch 1 a
+decode step reads all the weights for one token, so a kept draft is nearly free; as the batch grows, the
+verify step's extra rows cost real compute, and the speedup falls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from tqdm.auto import tqdm
+
+try:
+    from benchmarks import common
+except ImportError:  # run as a script: python benchmarks/speculative.py
+    import common  # type: ignore[no-redef]
+
+PARAGRAPHS = [
+    "The library opens at nine in the morning and closes at six in the evening. Children can borrow up to "
+    "five books at a time, and adults up to ten. Books are due back after three weeks.",
+    "To make the bread, mix the flour with warm water and a spoon of yeast, knead it for ten minutes, and "
+    "let it rise in a warm place for an hour before you bake it.",
+    "The train to the coast leaves from platform four every hour. The journey takes ninety minutes, and "
+    "the last train back leaves the coast at ten past eleven at night.",
+    "Our team meets every Monday to plan the week. Each person says what they finished, what they will do "
+    "next, and what is blocking them, and the meeting ends after fifteen minutes.",
+]
+QUESTIONS = [
+    "Why is the sky blue?",
+    "Give me three tips for learning to play the piano.",
+    "How do vaccines train the immune system?",
+    "Describe how a bicycle stays upright when it moves.",
+]
+SYSTEM = "You are a helpful assistant. Answer in plain English."
+
+
+def workload_prompts(tokenizer: Any, kind: str) -> list[list[int]]:
+    if kind == "repeat":
+        asks = [f"Repeat this text exactly, word for word:\n\n{p}" for p in PARAGRAPHS]
+    else:
+        asks = QUESTIONS
+    out = []
+    for ask in asks:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out.append(tokenizer(text)["input_ids"])
+    return out
+
+
+def _runner(llm: Any, name: str, prompts: list[list[int]], params: Any, outputs: dict[str, Any],
+            kept: dict[str, int]) -> Any:
+    """One timed generate() of the batch: returns output tokens per second, keeps the tokens (to compare)
+    and adds the drafts it verified and kept to ``kept``."""
+
+    def run() -> float:
+        before = llm.llm_engine.spec_decode_stats
+        start = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        outputs[name] = [o.outputs[0].token_ids for o in outs]
+        after = llm.llm_engine.spec_decode_stats
+        if after is not None and before is not None:
+            kept["drafts"] += after["num_draft_tokens"] - before["num_draft_tokens"]
+            kept["accepted"] += after["num_accepted_tokens"] - before["num_accepted_tokens"]
+        return sum(len(t) for t in outputs[name]) / wall
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batches", default="1,2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--lookup-min", type=int, default=2, help="prompt_lookup_min")
+    parser.add_argument("--lookup-max", type=int, default=4, help="prompt_lookup_max")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, batch 1 and 2, one round")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.batches, args.rounds, args.max_tokens = "tinystories-4m", "1,2", 1, 8
+    batches = [int(b) for b in args.batches.split(",")]
+    common.set_threads(args.threads)
+
+    from minengine import LLM, SamplingParams, load_model, load_tokenizer
+
+    model, tokenizer = load_model(args.model, device="cpu", dtype="fp32"), load_tokenizer(args.model)
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup_min,
+            "prompt_lookup_max": args.lookup_max}
+    engines = {"plain": LLM(model, tokenizer=tokenizer),
+               "ngram": LLM(model, tokenizer=tokenizer, speculative_config=spec)}
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    kinds = ["repeat"] if args.smoke else ["repeat", "chat"]
+    print(common.machine_line())
+    rows, results = [], []
+    bar = tqdm(total=len(kinds) * len(batches) * args.rounds * len(engines), desc="speculative")
+    for kind in kinds:
+        prompts = workload_prompts(tokenizer, kind)
+        for batch in batches:
+            batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+            outputs: dict[str, list[list[int]]] = {}
+            kept = {"drafts": 0, "accepted": 0}
+            runs = {name: _runner(llm, name, batch_prompts, params, outputs, kept)
+                    for name, llm in engines.items()}
+            timed = common.interleave(runs, args.rounds, bar)
+            same = outputs["plain"] == outputs["ngram"]
+            ratios = [s / p for s, p in zip(timed["ngram"].seconds, timed["plain"].seconds, strict=True)]
+            rate = kept["accepted"] / kept["drafts"] if kept["drafts"] else 0.0
+            result = dict(workload=kind, batch=batch, plain_tok_s=timed["plain"].median,
+                          ngram_tok_s=timed["ngram"].median, speedup=statistics.median(ratios),
+                          speedups=ratios, acceptance=rate, identical=same,
+                          loads=timed["plain"].loads + timed["ngram"].loads)
+            results.append(result)
+            rows.append((kind, batch, f"{result['plain_tok_s']:.1f}", f"{result['ngram_tok_s']:.1f}",
+                         f"{result['speedup']:.2f}x", f"{100 * rate:.0f} %", "yes" if same else "NO"))
+    bar.close()
+    print(common.md_table(["workload", "batch", "plain tok/s", "ngram tok/s", "speedup (median of rounds)",
+                           "drafts kept", "same tokens"], rows))
+    data = {"args": vars(args), "results": results}
+    common.save_json(args.json, data)
+    return data
+
+
+if __name__ == "__main__":
+    main()
