@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from proc_utils import wait_until_answering
+from proc_utils import free_port, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "jupyterhub"
@@ -52,12 +52,6 @@ def skip_reason() -> str | None:
         if done.returncode != 0 or not PROXY.exists():
             return f"could not install configurable-http-proxy from npm: {done.stderr.strip()[-300:]}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int) -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -41,3 +43,28 @@ def wait_until_answering(url: str, process: subprocess.Popen, timeout_s: float, 
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{name} did not answer within {timeout_s} s:\n{log_tail()}")
+
+
+# Under pytest-xdist several workers start servers at once. A port the OS hands out (bind to port 0) is
+# free only until it is closed again: before the server binds it, another worker's server, or any outgoing
+# connection (both draw from the same ephemeral range), can take it. CI saw JupyterHub die with "Address
+# already in use" that way. So each worker draws from a block of its own below Linux's ephemeral range
+# (32768-60999 by default, /proc/sys/net/ipv4/ip_local_port_range), which neither the OS nor another worker
+# hands out. A counter moves on after each port, so a server's successor never meets its TIME_WAIT.
+PORT_BLOCKS_START, PORT_BLOCK_SIZE, PORT_BLOCKS = 20000, 500, 24
+_ports_drawn = itertools.count()
+
+
+def free_port() -> int:
+    """A port no other test process draws, that nothing holds right now."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = PORT_BLOCKS_START + (int(worker) if worker.isdigit() else 0) % PORT_BLOCKS * PORT_BLOCK_SIZE
+    for _ in range(PORT_BLOCK_SIZE):
+        port = first + next(_ports_drawn) % PORT_BLOCK_SIZE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held (another pytest session on this machine, or a server still closing)
+        return port
+    raise RuntimeError(f"no free port in {first}-{first + PORT_BLOCK_SIZE - 1}")

@@ -31,11 +31,10 @@ from contextlib import contextmanager
 import httpx
 import pytest
 import torch
-from proc_utils import stop_process_group
+from proc_utils import free_port, stop_process_group
 
 from minengine.config import EngineConfig
 from minengine.core.sampling_params import SamplingParams
-from minengine.course.server_process import free_port
 from minengine.engine.async_llm import AsyncLLM
 from minengine.engine.kv_cache import (
     MAX_BLOCK_ID,

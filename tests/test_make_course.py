@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from proc_utils import stop_process_group
+from proc_utils import free_port, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(180)
 def test_make_course_serves_jupyterlab(tmp_path):
-    port = _free_port()
+    port = free_port()
     args = (f"--workspace {tmp_path / 'ws'} --no-browser --ip=127.0.0.1 --port={port} "
             "--ServerApp.token=test-token --ServerApp.port_retries=0")
     log = (tmp_path / "lab.log").open("w")

@@ -348,3 +348,20 @@ def test_a_preempted_transferred_request_recomputes_everything():
     recompute = next(s for o in outs for s in o.scheduled if s.request is moved and s.start == 0)
     assert recompute.is_prefill  # after losing its KV it computes its prompt here, from token 0
     assert moved.num_output_tokens == 8
+
+
+def test_drafts_never_preempt_another_request():
+    # Two 7-token prompts fill all four 4-token blocks. A decode with 3 drafts needs a fifth block: drafts
+    # are guesses, so the step drops them and decodes plainly rather than evict the other request.
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    sched = make_scheduler(num_blocks=4, block_size=4, max_num_batched_tokens=64, speculative_config=spec)
+    a, b = make_request("a", 7, 8), make_request("b", 7, 8)
+    for r in (a, b):
+        sched.add_request(r)
+    fake_step(sched)  # both prefilled and sampled one token; no free block left
+    assert sched.block_manager.num_free_blocks == 0
+    a.spec_token_ids = [5, 5, 5]
+    out = sched.schedule()
+    assert out.preempted_request_ids == [] and b.status == RequestStatus.RUNNING
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1}
+    assert not out.scheduled_spec_decode_tokens.get("a")

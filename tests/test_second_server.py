@@ -14,7 +14,6 @@ and is always stopped.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from proc_utils import stop_process_group
+from proc_utils import free_port, stop_process_group
 
 from minengine.bench.client import benchmark
 from minengine.server import ServerThread, create_app
@@ -37,15 +36,9 @@ PROMPTS = ["Once upon a time", "The little dog", "Tom and Sue went to the park. 
 CHAT = [{"role": "user", "content": "Tell me a story about a cat."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("transformers-serve") / "server.log"  # a file: a full pipe would block it
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [str(CLI), "serve", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]

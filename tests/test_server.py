@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from unittest.mock import ANY
 
 import httpx
 import pytest
+from proc_utils import free_port
 
 from minengine.server import ServerThread, create_app
 
@@ -464,9 +464,7 @@ UNSUPPORTED = [
 
 # ---- the CLI: a real process ----
 def test_serve_cli_subprocess(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",

@@ -51,6 +51,27 @@ def test_serves_and_stops_with_the_block_even_on_error():
     assert server.log_text() == ""
 
 
+def test_a_port_taken_before_the_server_binds_it_is_replaced(monkeypatch):
+    # Another program takes the port free_port() returned before our server binds it: start() picks a
+    # fresh one and says nothing. A port the caller asked for is never swapped.
+    import socket
+
+    from minengine.course import server_process
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken, free_port()])
+        monkeypatch.setattr(server_process, "free_port", lambda host: next(picks))
+        with ServerProcess(args=["--num-blocks", "64"]) as server:
+            assert server.port != taken
+            assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        server.close()
+        with pytest.raises(ServerStartError, match="(?i)address already in use"):
+            ServerProcess(port=taken, args=["--num-blocks", "64"], startup_timeout=120).start()
+
+
 def test_a_server_that_cannot_start_raises_with_its_log():
     server = ServerProcess(args=["--num-blocks", "not-a-number"], startup_timeout=60)
     with pytest.raises(ServerStartError, match="exited with code 2") as info:

@@ -216,6 +216,9 @@ class Scheduler:
                     if drafts:  # speculative decoding: drafts ride along, as far as budget and length allow
                         drafts = drafts[: min(budget - 1, req.max_num_tokens - len(req.token_ids) - 1)]
                         num_new += len(drafts)
+                        if start + num_new > len(req.block_table) * block_size and not bm.allocate_slots(
+                                req, num_new):
+                            drafts, num_new = [], 1  # no free block for a guess: plain decode, no preemption
                     # Most decode steps fit in the last block already: no allocation to ask for.
                     if start + num_new > len(req.block_table) * block_size and not self._allocate_running(
                         req, num_new, entries, scheduled if dedupe else None, preempted

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,8 @@ from typing import Any
 import httpx
 
 LOCALHOST = "127.0.0.1"
+_NANOBIND_NOISE = re.compile(r"nanobind: |\s+- (leaked |\.\.\. skipped)|See https://nanobind")
+START_ATTEMPTS = 3  # fresh ports to try when the one we picked was taken before the server bound it
 
 
 class ServerStartError(RuntimeError):
@@ -156,8 +159,28 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         if self.running:
             raise RuntimeError(f"already running (pid {self.pid}) at {self.url}")
-        self.port = self.requested_port or free_port(self.host)
         began = time.perf_counter()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            # A port we picked ourselves can be taken between free_port() and the server's bind (another
+            # program starting at the same moment): then pick again. A port the caller asked for is theirs.
+            self.port = self.requested_port or free_port(self.host)
+            self._launch()
+            try:
+                self._wait_ready()
+                break
+            except ServerStartError:
+                taken = self.requested_port is None and "address already in use" in self.log_text().lower()
+                if not taken or attempt == START_ATTEMPTS:
+                    self.stop()  # the log stays for log_text()
+                    raise
+                self.close()
+            except BaseException:
+                self.stop()
+                raise
+        self.startup_s = time.perf_counter() - began
+        return self
+
+    def _launch(self) -> None:
         fd, name = tempfile.mkstemp(prefix="minengine-serve-", suffix=".log")
         self._log_path = Path(name)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
@@ -167,13 +190,6 @@ class ServerProcess:
                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self._finalizer = weakref.finalize(self, _stop_group, self.proc)
         _LIVE.add(self)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.perf_counter() - began
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -193,7 +209,10 @@ class ServerProcess:
             time.sleep(0.1)
 
     def _tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:]) or "(nothing)"
+        """The log's last lines, less the leak report Triton's bindings (nanobind) print when an interpreter
+        exits early: it would push the real reason (a bad flag, a port in use) out of the message."""
+        kept = [line for line in self.log_text().splitlines() if not _NANOBIND_NOISE.match(line)]
+        return "\n".join(kept[-lines:]) or "(nothing)"
 
     def stop(self) -> None:
         """Stop the server and every process of its group; safe to call twice."""

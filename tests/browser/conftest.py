@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from jlab_helpers import ARTIFACTS, LabServer, new_page
-from proc_utils import stop_process_group, wait_until_answering
+from proc_utils import free_port, stop_process_group, wait_until_answering
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -76,12 +75,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # ------------------------------------------------------------------------------------------- the server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _copy_course(root: Path, course_dir: Path) -> None:
     """What a learner's ``workspace/`` holds: the lessons and the *student* versions of labs and quizzes."""
     from minengine.course.tooling import place_student_versions, prepare_workspace
@@ -105,7 +98,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     root, jupyter = base / "course", base / "jupyter"
     _copy_course(root, base / "nbgrader-course")
     _write_lab_settings(jupyter / "settings")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     env.update({
         "MINENGINE_HEADLESS": "1",  # lessons pick their smallest sizes, as in tests/test_lessons.py
