@@ -361,3 +361,12 @@ def test_speculative_smoke() -> None:
     r = speculative.main(["--smoke"])
     assert [x["batch"] for x in r["results"]] == [1, 2]
     assert all(x["identical"] for x in r["results"])  # greedy tokens unchanged by the drafts
+
+
+def test_sim_speculative_smoke() -> None:
+    from benchmarks import sim_speculative
+
+    r = sim_speculative.main(["--smoke"])
+    assert r["table"]["0.6"]["1"] > r["table"]["0.6"]["8"] > 1.0  # pays at batch 1, less at batch 8
+    rate = r["acceptance_rate"]  # solves the published mean accepted length
+    assert sim_speculative.expected_tokens_per_step(rate, 3) == pytest.approx(2.39, abs=1e-6)

@@ -361,7 +361,7 @@ def test_drafts_never_preempt_another_request():
     fake_step(sched)  # both prefilled and sampled one token; no free block left
     assert sched.block_manager.num_free_blocks == 0
     a.spec_token_ids = [5, 5, 5]
-    out = sched.schedule()
+    out = fake_step(sched)
     assert out.preempted_request_ids == [] and b.status == RequestStatus.RUNNING
     assert out.num_scheduled_tokens == {"a": 1, "b": 1}
     assert not out.scheduled_spec_decode_tokens.get("a")

@@ -15,8 +15,15 @@ sequence ends first, none past ``max_model_len``). Pure Python over token ids: n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from minengine.config import SpeculativeConfig
+
+
+class Drafter(Protocol):
+    """What the scheduler asks for drafts: ``NgramProposer`` here, ``SimDrafter`` in the simulator."""
+
+    def propose(self, token_ids: Sequence[int]) -> list[int]: ...
 
 
 class NgramProposer:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.block_manager import BlockManager
-from minengine.core.ngram_proposer import NgramProposer
+from minengine.core.ngram_proposer import Drafter, NgramProposer
 from minengine.core.policies import (
     DecodeFirstPolicy,
     PolicyError,
@@ -83,7 +83,8 @@ class Scheduler:
     """Owns the waiting queue, the running list and the block manager; decides every step's batch."""
 
     def __init__(
-        self, config: EngineConfig, num_blocks: int, clock: Callable[[], float] = time.perf_counter
+        self, config: EngineConfig, num_blocks: int, clock: Callable[[], float] = time.perf_counter,
+        drafter: Drafter | None = None,
     ) -> None:
         if not config.is_resolved:
             raise ValueError(
@@ -105,9 +106,14 @@ class Scheduler:
         self.num_preemptions = 0  # total, like vllm:num_preemptions
         self._num_external_computed: dict[str, int] = {}  # waiting request id -> tokens whose KV came in
         self._finished_req_ids: set[str] = set()  # since the last schedule(), for the executor
-        # Speculative decoding: drafts for each decoding request, proposed after every step it samples in.
+        # Speculative decoding: drafts for each decoding request, proposed after every step it samples in:
+        # by n-gram lookup, or by ``drafter`` (the simulator's, which has no real tokens to look up).
         spec = config.speculative_config
-        self.drafter = NgramProposer(spec, self.max_model_len) if spec is not None else None
+        if drafter is not None and spec is None:
+            raise ValueError("a drafter needs speculative_config (it says how many tokens to draft)")
+        if drafter is None and spec is not None:
+            drafter = NgramProposer(spec, self.max_model_len)
+        self.drafter = drafter
         # Totals since start, like vLLM's spec_decode counters: decodes that verified drafts, drafts, kept.
         self.spec_decode_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
 

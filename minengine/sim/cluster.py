@@ -64,6 +64,11 @@ class DisaggregatedCluster(SimulatorBase):
                              f"{num_prefill}:{num_decode}")
         if not link_bandwidth > 0 or link_latency_s < 0:
             raise ValueError("link bandwidth must be > 0 and link latency >= 0")
+        if engine_kwargs.get("speculative_config") is not None or (
+                config is not None and config.speculative_config is not None):
+            raise ValueError("the disaggregated simulator does not model speculative decoding; simulate "
+                             "its decode instances with Simulator(..., speculative_config=..., "
+                             "acceptance_rate=...)")
         self._setup(model, gpu, config, cost_model, dtype, engine_kwargs)
         self.prefill_config = dataclasses.replace(self.config, **(prefill_kwargs or {}))
         decode = {"enable_prefix_caching": False, **(decode_kwargs or {})}
@@ -93,7 +98,7 @@ class DisaggregatedCluster(SimulatorBase):
         loop = EventLoop()
         prefill_records: list[RequestRecord] = []
         decode_records: dict[int, RequestRecord] = {}
-        self.executor.eos_at.clear()
+        self.executor.reset()
 
         def arrive(i: int) -> None:
             req = make_request(specs[i], i, max_tokens=1)

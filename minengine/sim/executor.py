@@ -5,12 +5,22 @@ the same batch is turned into (new tokens, cached tokens) per request and priced
 model (``minengine.perf.roofline``). No tokens are computed: every sampled token is ``DUMMY_TOKEN``
 and requests stop at their target length (``ignore_eos`` + ``max_tokens``, or an EOS at ``eos_at``).
 
+Speculative decoding: no model runs, so nothing can be guessed or checked. ``SimDrafter`` drafts
+``num_speculative_tokens`` placeholder tokens for every decode, and the executor accepts each draft with
+probability ``acceptance_rate``, independently, until the first rejection (the model behind
+``perf.speculative``'s closed form); a verify step is priced as what it computes, a chunk of 1 + drafts
+tokens over the cached context with an LM-head row per token. The scheduler, its block accounting and
+the rollback of rejected drafts are the engine's own.
+
 The hot loop of the simulator runs here once per step, so the common case (no sliding windows) is
 written out in plain arithmetic instead of building chunk lists: the same per-op sum as
 ``CostModel.step_cost`` (each op's max(compute, memory), summed), which ``test_sim`` checks it agrees with.
 """
 
 from __future__ import annotations
+
+import random
+from collections.abc import Sequence
 
 from minengine.core.engine_core import ModelRunnerOutput
 from minengine.core.sched_output import SchedulerOutput
@@ -20,11 +30,32 @@ DUMMY_TOKEN = 1  # every "sampled" token; prompts carry a unique id, so no spuri
 EOS_TOKEN = 0  # sampled when a request reaches its hidden true length (``eos_at``)
 
 
-class RooflineExecutor:
-    """The ``Executor`` of the simulator: prices each step with a ``CostModel`` (datasheet or calibrated)."""
+class SimDrafter:
+    """The simulator's drafter: ``k`` placeholder tokens for every decode (none past ``max_model_len``).
 
-    def __init__(self, cost_model: CostModel) -> None:
+    A real drafter sometimes has no guess (n-gram lookup finds no match); here every step drafts the
+    full ``k`` and ``acceptance_rate`` carries all of the workload's predictability."""
+
+    def __init__(self, num_speculative_tokens: int, max_model_len: int) -> None:
+        self.k, self.max_model_len = num_speculative_tokens, max_model_len
+
+    def propose(self, token_ids: Sequence[int]) -> list[int]:
+        return [DUMMY_TOKEN] * max(0, min(self.k, self.max_model_len - len(token_ids)))
+
+
+class RooflineExecutor:
+    """The ``Executor`` of the simulator: prices each step with a ``CostModel`` (datasheet or calibrated).
+
+    ``acceptance_rate`` (speculative decoding only): the chance that each draft is kept, drawn from a
+    ``random.Random(seed)`` that ``reset()`` restarts, so one workload gives the same run every time."""
+
+    def __init__(self, cost_model: CostModel, acceptance_rate: float | None = None, seed: int = 0) -> None:
+        if acceptance_rate is not None and not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be in [0, 1] (the chance that a draft is kept), "
+                             f"got {acceptance_rate!r}")
         self.cost_model = cost_model
+        self.acceptance_rate, self.seed = acceptance_rate, seed
+        self._rng = random.Random(seed)
         # request id -> its true output length, for requests that must not reveal it
         # (``RequestSpec.max_tokens``): the token that reaches it is an EOS. Kept here, not on the request,
         # so a policy never sees it.
@@ -46,13 +77,23 @@ class RooflineExecutor:
         self._t_logits = 2 * LOGIT_BYTES * m.vocab_size / kv
         self._overhead, self._per_seq = cm.overhead_s, cm.overhead_per_seq_s
 
+    def reset(self) -> None:
+        """Forget the last run's hidden lengths and restart the acceptance draws (a new run)."""
+        self.eos_at.clear()
+        self._rng = random.Random(self.seed)
+
     def step_cost(self, output: SchedulerOutput) -> StepCost:
-        """The full breakdown (slower; for inspection and tests)."""
+        """The full breakdown (slower; for inspection and tests). A decode that verifies d drafts is a
+        chunk of 1 + d tokens and samples 1 + d LM-head rows."""
         chunks = [(e[1], e[2]) for e in output.entries]
-        return self.cost_model.step_cost(chunks, sum(e[4] for e in output.entries))
+        spec = output.scheduled_spec_decode_tokens
+        rows = sum(e[1] if e[0].request_id in spec else 1 for e in output.entries if e[4])
+        return self.cost_model.step_cost(chunks, rows)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """A dummy token for every request that samples; the step takes ``step_time`` seconds."""
+        if scheduler_output.scheduled_spec_decode_tokens:
+            return self._verify(scheduler_output)
         eos_at, entries = self.eos_at, scheduler_output.entries
         if not eos_at:  # this runs once per request per simulated step: a comprehension, nothing else
             sampled = {e[0].request_id: DUMMY_TOKEN for e in entries if e[4]}
@@ -64,6 +105,30 @@ class RooflineExecutor:
                     eos = n is not None and len(req.token_ids) - req.num_prompt_tokens + 1 >= n
                     sampled[req.request_id] = EOS_TOKEN if eos else DUMMY_TOKEN
         return ModelRunnerOutput(sampled, elapsed=self.step_time(scheduler_output, len(sampled)))
+
+    def _verify(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """A step in which decodes verify drafts: each keeps its drafts up to the first rejection, then
+        the target's own token (the bonus token when none was rejected); an EOS at a hidden length cuts
+        the run where it falls."""
+        spec, rate, draw = output.scheduled_spec_decode_tokens, self.acceptance_rate, self._rng.random
+        assert rate is not None, "drafts were scheduled but the executor has no acceptance_rate"
+        sampled: dict[str, int | list[int]] = {}
+        for req, _, _, _, sample in output.entries:
+            if not sample:
+                continue
+            drafts = spec.get(req.request_id, ())
+            kept = 0
+            while kept < len(drafts) and draw() < rate:
+                kept += 1
+            tokens = [DUMMY_TOKEN] * (kept + 1)
+            n = self.eos_at.get(req.request_id)
+            if n is not None:
+                room = n - (len(req.token_ids) - req.num_prompt_tokens)  # tokens up to the true length
+                if room <= len(tokens):
+                    tokens = tokens[:max(room, 1)]
+                    tokens[-1] = EOS_TOKEN
+            sampled[req.request_id] = tokens if drafts else tokens[0]
+        return ModelRunnerOutput(sampled, elapsed=self.step_cost(output).time)
 
     def step_time(self, output: SchedulerOutput, num_sampled: int | None = None) -> float:
         """Predicted seconds for this step (``num_sampled``: the LM-head rows, if the caller counted them).

@@ -18,19 +18,23 @@ from minengine.core.engine_core import EngineCore, Executor, StepInFlight
 from minengine.core.records import StepRecord
 from minengine.core.request import Request
 from minengine.core.scheduler import Scheduler
+from minengine.sim.executor import SimDrafter
 
 
 class SimInstance:
     """One engine replica: the real scheduler, a simulated executor and clock, its step records."""
 
     def __init__(self, name: str, config: EngineConfig, num_blocks: int, executor: Executor) -> None:
+        drafter = None
         if config.speculative_config is not None:
-            raise ValueError("the simulator does not model speculative decoding yet (its executor does not "
-                             "verify drafts): leave speculative_config out, and price a verify step with "
-                             "minengine.perf.speculative.estimate")
+            if getattr(executor, "acceptance_rate", None) is None:
+                raise ValueError("simulating speculative decoding needs an acceptance_rate (0 to 1, the "
+                                 "chance that each draft is kept): no model runs here to check the drafts")
+            assert config.max_model_len is not None
+            drafter = SimDrafter(config.speculative_config.num_speculative_tokens, config.max_model_len)
         self.name = name
         self.now = 0.0
-        scheduler = Scheduler(config, num_blocks, clock=lambda: self.now)
+        scheduler = Scheduler(config, num_blocks, clock=lambda: self.now, drafter=drafter)
         self.core = EngineCore(scheduler, executor, max_step_records=None)
         self.incoming = 0  # disaggregation: KV transfers on their way here
         self.busy = False

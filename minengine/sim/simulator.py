@@ -106,11 +106,20 @@ class SimulatorBase:
     num_blocks: int
 
     def _setup(self, model: Any, gpu: str | Accelerator, config: EngineConfig | None,
-               cost_model: CostModel | None, dtype: str | None, engine_kwargs: dict[str, Any]) -> None:
+               cost_model: CostModel | None, dtype: str | None, engine_kwargs: dict[str, Any],
+               acceptance_rate: float | None = None, seed: int = 0) -> None:
         self.cost_model = cost_model if cost_model is not None else CostModel.create(model, gpu, dtype)
         self.config = resolve_config(self.cost_model, config, **engine_kwargs)
+        spec = self.config.speculative_config
+        if spec is not None and acceptance_rate is None:
+            raise ValueError("speculative_config in the simulator needs acceptance_rate=, the chance that "
+                             "each draft is kept (0 to 1; e.g. 0.6 for prose, 0.8+ for edits of a given "
+                             "text): no model runs here to check the drafts")
+        if spec is None and acceptance_rate is not None:
+            raise ValueError("acceptance_rate only means something with speculative decoding on: add "
+                             "speculative_config={'method': 'ngram', 'num_speculative_tokens': k}")
         self.num_blocks = kv_cache_blocks(self.cost_model, self.config)
-        self.executor = RooflineExecutor(self.cost_model)
+        self.executor = RooflineExecutor(self.cost_model, acceptance_rate, seed)
 
     def _instance(self, name: str, config: EngineConfig | None = None) -> SimInstance:
         return SimInstance(name, config or self.config, self.num_blocks, self.executor)
@@ -157,16 +166,17 @@ class Simulator(SimulatorBase):
     behind a router. ``Simulator("llama-2-7b", "h100", max_num_batched_tokens=512).run(workload)``.
 
     Engine options are ``EngineConfig`` fields (policy, enable_chunked_prefill, max_num_seqs, ...);
-    ``cost_model`` replaces the datasheet roofline (e.g. a calibrated one).
+    ``cost_model`` replaces the datasheet roofline (e.g. a calibrated one). With ``speculative_config``,
+    ``acceptance_rate`` is the chance that each draft is kept (drawn per draft from ``seed``).
     """
 
     def __init__(self, model: Any = "llama-2-7b", gpu: str | Accelerator = "h100",
                  config: EngineConfig | None = None, *, cost_model: CostModel | None = None,
                  num_replicas: int = 1, router: str = "round_robin", dtype: str | None = None,
-                 **engine_kwargs: Any) -> None:
+                 acceptance_rate: float | None = None, seed: int = 0, **engine_kwargs: Any) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-        self._setup(model, gpu, config, cost_model, dtype, engine_kwargs)
+        self._setup(model, gpu, config, cost_model, dtype, engine_kwargs, acceptance_rate, seed)
         self.num_replicas = num_replicas
         self.router_name = router
         make_router(router)  # validate now
@@ -177,7 +187,11 @@ class Simulator(SimulatorBase):
         policy = c.policy if isinstance(c.policy, str) else type(c.policy).__name__
         reps = f"{self.num_replicas} x " if self.num_replicas > 1 else ""
         cm = self.cost_model
-        return (f"{reps}{cm.model.name} on {cm.accelerator.name}: {policy}, {chunk}, "
+        spec = ""
+        if c.speculative_config is not None:
+            spec = (f", {c.speculative_config.num_speculative_tokens} drafts a step kept at "
+                    f"{self.executor.acceptance_rate:g}")
+        return (f"{reps}{cm.model.name} on {cm.accelerator.name}: {policy}, {chunk}{spec}, "
                 f"{self.num_blocks * c.block_size:,} KV tokens")
 
     def run(self, workload: Sequence[RequestSpec]) -> SimResult:
@@ -185,7 +199,7 @@ class Simulator(SimulatorBase):
         instances = [self._instance(f"replica-{i}") for i in range(self.num_replicas)]
         router = make_router(self.router_name)
         loop, records = EventLoop(), []
-        self.executor.eos_at.clear()
+        self.executor.reset()
 
         def arrive(i: int) -> None:
             req = make_request(specs[i], i)
