@@ -269,6 +269,19 @@ def lesson09_capacity(ran: RanNotebook) -> None:
     screenshot(page, "lesson09_capacity_widget_bad_input")
 
 
+def lesson10_speculative(ran: RanNotebook) -> None:
+    """A new acceptance rate redraws the curve and re-simulates; a batch the KV cache cannot hold is a
+    sentence, and a good value brings the answer back."""
+    widget = show_widget(ran, r"SpeculativeWidget\(", f"{NOTEBOOK} .me-spec-widget", UPDATE_MS)
+    assert "each kept with chance 0.6" in widget.locator(".me-spec-summary").inner_text()
+    summary = check_new_answer(ran, widget, "me-spec", lambda: enter(widget, ".me-spec-acceptance", 0.9))
+    assert "each kept with chance 0.9" in summary and "simulated" in summary, summary
+    screenshot(ran.page, "lesson10_speculative_widget")
+    check_bad_input(widget, "me-spec", lambda: enter(widget, ".me-spec-batch", 1000), ("KV cache",),
+                    ("img.me-spec-plot",))
+    check_recovers(widget, "me-spec", lambda: enter(widget, ".me-spec-batch", 8), "img.me-spec-plot")
+
+
 # --------------------------------------------------------------------------------------- the lessons
 @dataclass(frozen=True)
 class LessonInBrowser:
@@ -311,6 +324,9 @@ LESSONS = (
                     lesson07_prefix, extra_s=180),
     LessonInBrowser("08_streaming_serving", 1, (), lesson08_server_and_goodput, extra_s=180),
     LessonInBrowser("09_disaggregation_capacity", 2, (), lesson09_capacity, extra_s=300),
+    # Speedup against batch and acceptance on the simulated H100, the simulator's dots on the closed form.
+    LessonInBrowser("10_speculative_decoding", 3, ((r"CURVE_BATCHES, kv_capacity", "lesson10_gpu_scale"),),
+                    lesson10_speculative),
 )
 
 
