@@ -99,8 +99,8 @@ class ReferenceScheduler(Scheduler):
     """``schedule`` and ``update_from_output`` as they were: one object per scheduled request, the phase
     computed for every request, a set of scheduled ids, the full stop checks for every token."""
 
-    def __init__(self, config: EngineConfig, num_blocks: int, clock=None) -> None:
-        super().__init__(config, num_blocks, **({} if clock is None else {"clock": clock}))
+    def __init__(self, config: EngineConfig, num_blocks: int, clock=None, drafter=None) -> None:
+        super().__init__(config, num_blocks, **({} if clock is None else {"clock": clock}), drafter=drafter)
         bm = self.block_manager
         self.block_manager = ReferenceBlockManager(bm.num_blocks, bm.block_size, bm.enable_prefix_caching)
 

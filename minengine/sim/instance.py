@@ -34,8 +34,7 @@ class SimInstance:
             drafter = SimDrafter(config.speculative_config.num_speculative_tokens, config.max_model_len)
         self.name = name
         self.now = 0.0
-        options = {} if drafter is None else {"drafter": drafter}  # a stand-in Scheduler may not draft
-        scheduler = Scheduler(config, num_blocks, clock=lambda: self.now, **options)
+        scheduler = Scheduler(config, num_blocks, clock=lambda: self.now, drafter=drafter)
         self.core = EngineCore(scheduler, executor, max_step_records=None)
         self.incoming = 0  # disaggregation: KV transfers on their way here
         self.busy = False
