@@ -134,6 +134,21 @@ QUIZ_ATTACKS = {
                        "        _report(name, letter)\n"
                        "_ac.grade_choice = _ac.check_choice_form = _every_option\n"
                        "_ac.grade_number = _ac.check_number_form = lambda n, *a, **k: _report(n, 1.0)\n"),
+    # read the key out of each test cell's own source just before it runs, and make it the answer
+    "keys_from_the_test_cell": (
+        "import ast as _ast\n"
+        "def _take_the_key(info):\n"
+        "    try:\n"
+        "        tree = _ast.parse(info.raw_cell)\n"
+        "    except SyntaxError:\n"
+        "        return\n"
+        "    for n in _ast.walk(tree):\n"
+        "        f = getattr(n, 'func', None)\n"
+        "        if getattr(f, 'id', getattr(f, 'attr', '')) in ('grade_choice', 'grade_number'):\n"
+        "            key = [k.value for k in n.keywords if k.arg == 'key'] or n.args[2:3]\n"
+        "            if key:\n"
+        "                get_ipython().user_ns[n.args[0].value] = _ast.literal_eval(key[0])\n"
+        "get_ipython().events.register('pre_run_cell', _take_the_key)\n"),
 }
 
 
@@ -258,6 +273,16 @@ def test_planted_submission_loses_exactly_the_expected_points(graded: dict, assi
     (score,) = [s for s in grading.scores(graded["course_dir"])
                 if (s.student, s.assignment) == (student, assignment)]
     assert not score.needs_manual_grade
+
+
+QUIZZES = [a for a in SOURCES if a.startswith("quiz")]
+
+
+@pytest.mark.parametrize("attack", QUIZ_ATTACKS)
+@pytest.mark.parametrize("assignment", QUIZZES)
+def test_a_student_who_attacks_the_grader_scores_zero(graded: dict, assignment: str, attack: str) -> None:
+    scores = grading.cell_scores(assignment, attack, graded["course_dir"])
+    assert scores and set(scores.values()) == {0.0}, {g: p for g, p in scores.items() if p}
 
 
 @needs("lab1_kv_calculator")

@@ -17,8 +17,11 @@ from minengine.course import grading
 from minengine.course.autocheck import REPORT_MARKER, report_answer
 from minengine.course.templating import DEFAULT_COURSE_SEED, load_params, render_notebook
 from minengine.course.trusted_verdicts import (
+    TRUSTED_SOURCE,
     ValueCheck,
     autograde_preprocessors,
+    hide_keys_preprocessor,
+    keyless_source,
     read_reports,
     trusted_verdicts_preprocessor,
     value_checks,
@@ -116,7 +119,40 @@ def test_the_preprocessor_turns_a_failed_verdict_into_zero_points(capsys: pytest
 
 def test_the_course_config_runs_the_judge_right_after_the_kernel(tmp_path: Path) -> None:
     names = [step.__name__ for step in autograde_preprocessors()]
-    assert names[:2] == ["Execute", "TrustedVerdicts"] and names.index("SaveAutoGrades") > 1
+    assert names[:3] == ["HideKeys", "Execute", "TrustedVerdicts"] and names.index("SaveAutoGrades") > 2
     grading.write_config(tmp_path)
     steps = grading.load_config(tmp_path).Autograde.autograde_preprocessors
     assert [step.__name__ for step in steps] == names
+
+
+def test_the_kernel_runs_each_check_without_its_key() -> None:
+    """IPython shows a cell's source to the student's hooks before running it, so the kernel gets the
+    checks with name and answer only; the trusted source comes back before the verdict."""
+    source = ("from minengine.course.autocheck import check_choice_form, grade_choice\n"
+              "check_choice_form('q1', globals().get('q1'))\n" + SOURCE)
+    keyless = keyless_source(source)
+    assert keyless is not None
+    for secret in ('"B"', "'B'", "4.8", "0.5", WHY):
+        assert secret not in keyless
+    assert "grade_choice('q1', q1)" in keyless and "grade_number('q2', q2)" in keyless
+    assert "check_choice_form('q1', globals().get('q1'))" in keyless  # the rest runs as written
+    assert keyless_source("check_choice_form('q1', q1)\n") is None
+    assert keyless_source("this is not python") is None
+
+
+def test_hide_keys_and_the_verdict_round_trip(capsys: pytest.CaptureFixture) -> None:
+    cell = grade_cell(SOURCE, [])
+    hidden, _ = hide_keys_preprocessor()().preprocess_cell(cell, {}, 0)
+    assert hidden.source == keyless_source(SOURCE) and hidden.metadata[TRUSTED_SOURCE] == SOURCE
+    hidden.outputs = [nbformat.from_dict(stdout(reported("q1", "B", capsys), reported("q2", 4.9, capsys)))]
+    judged, _ = trusted_verdicts_preprocessor()().preprocess_cell(hidden, {}, 0)
+    assert judged.source == SOURCE and TRUSTED_SOURCE not in judged.metadata
+    assert determine_grade(judged) == (1, 1)
+
+
+def test_a_keyless_check_in_the_kernel_only_reports(capsys: pytest.CaptureFixture) -> None:
+    from minengine.course import autocheck
+
+    autocheck.grade_choice("q1", "D")  # wrong, but the kernel cannot know: the grader judges
+    autocheck.grade_number("q2", 1e9)
+    assert capsys.readouterr().out.count(REPORT_MARKER) == 2

@@ -152,17 +152,22 @@ def judge_number(name: str, answer: Any, key: float, tolerance: float, why: str 
                              f"{why}".rstrip())
 
 
-def grade_choice(name: str, answer: Any, key: str, why: str = "") -> None:
-    """Hidden test of a letter answer. It first reports the answer for the grader to judge outside the
-    kernel (``trusted_verdicts``); the check here gives the learner's message."""
+def grade_choice(name: str, answer: Any, key: str | None = None, why: str = "") -> None:
+    """Hidden test of a letter answer. It reports the answer for the grader to judge outside the kernel
+    (``trusted_verdicts``). While autograding, the kernel runs the call without its key (the grader keeps
+    it); run with the key (an instructor trying the source), it also judges here."""
     report_answer(name, answer)
-    judge_choice(name, answer, key, why)
+    if key is not None:
+        judge_choice(name, answer, key, why)
 
 
-def grade_number(name: str, answer: Any, key: float, tolerance: float, why: str = "") -> None:
-    """Hidden test of a number answer: reported as :func:`grade_choice` does, then checked here."""
+def grade_number(name: str, answer: Any, key: float | None = None, tolerance: float = 0.0,
+                 why: str = "") -> None:
+    """Hidden test of a number answer: reported, and judged here only given its key, as
+    :func:`grade_choice`."""
     report_answer(name, answer)
-    judge_number(name, answer, key, tolerance, why)
+    if key is not None:
+        judge_number(name, answer, key, tolerance, why)
 
 
 # ------------------------------------------------------------------------------ your own code, please

@@ -14,6 +14,12 @@ have edited it), finds exactly one report per check in that cell's output, and j
 same function. A cell whose check is missing its report, reported twice, or wrong gets an error output,
 which nbgrader scores 0.
 
+The kernel never sees a key. Whatever runs in the kernel can read the source of the cell about to run
+(IPython hands it to every ``pre_run_cell`` hook), so a student's cell once read each key out of the
+hidden test and made it the answer: 10/10 with one cell. ``HideKeys``, the step just before ``Execute``,
+gives the kernel each check with its name and answer only (no key, tolerance or explanation), and
+``TrustedVerdicts`` puts the cell's own source back before judging it, so the feedback shows it whole.
+
 A forged report gains nothing: to pass it must carry the right answer, which is what the question asked
 for; several reports for one check (one per option) fail. This covers answers that are values (the
 quizzes). Code that must run (the labs' functions) is a separate matter: see ``labs/README.md``.
@@ -22,6 +28,7 @@ quizzes). Code that must run (the labs' functions) is a separate matter: see ``l
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -71,6 +78,26 @@ def value_checks(source: str) -> list[ValueCheck]:
                              f"{e}") from None
         found.append(ValueCheck(called, str(arguments.pop("name")), arguments))
     return sorted(found, key=lambda c: c.name)
+
+
+def keyless_source(source: str) -> str | None:
+    """The source with every value check cut down to its name and answer (``grade_choice("q1", q1)``),
+    for the kernel to run; None when the cell has no value check. Comments go too (it is only run)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    changed = False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")) not in VALUE_CHECKS:
+            continue
+        node.args = node.args[:2]
+        node.keywords = [k for k in node.keywords if k.arg in ("name", "answer")]
+        changed = True
+    return ast.unparse(tree) + "\n" if changed else None
 
 
 def read_reports(outputs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -126,6 +153,32 @@ def error_output(message: str) -> dict[str, Any]:
             "traceback": [f"AssertionError (judged by the grader, outside your kernel): {message}"]}
 
 
+# Where HideKeys keeps a test cell's own source while the kernel runs the keyless one (cell metadata
+# never reaches the kernel; TrustedVerdicts removes it again).
+TRUSTED_SOURCE = "minengine_trusted_source"
+
+
+@functools.cache
+def hide_keys_preprocessor() -> type:
+    """nbgrader's preprocessor class that hides the keys from the kernel, built on first use."""
+    from nbgrader import utils
+    from nbgrader.preprocessors import NbGraderPreprocessor
+
+    class HideKeys(NbGraderPreprocessor):
+        """Before ``Execute``: each test cell with a value check runs keyless (:func:`keyless_source`)."""
+
+        def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:
+            if cell.cell_type == "code" and utils.is_grade(cell):
+                keyless = keyless_source(cell.source)
+                if keyless is not None:
+                    cell.metadata[TRUSTED_SOURCE] = cell.source
+                    cell.source = keyless
+            return cell, resources
+
+    return HideKeys
+
+
+@functools.cache
 def trusted_verdicts_preprocessor() -> type:
     """nbgrader's preprocessor class, built on first use (nbgrader is a course-side dependency)."""
     from nbformat import from_dict
@@ -133,12 +186,14 @@ def trusted_verdicts_preprocessor() -> type:
     from nbgrader.preprocessors import NbGraderPreprocessor
 
     class TrustedVerdicts(NbGraderPreprocessor):
-        """After ``Execute``: judge each test cell's value checks from its trusted source and the answers
-        its run reported; a cell that fails gets an error output (score 0)."""
+        """After ``Execute``: put back each test cell's own source, then judge its value checks from that
+        source and the answers its run reported; a cell that fails gets an error output (score 0)."""
 
         def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:
             if cell.cell_type != "code" or not utils.is_grade(cell):
                 return cell, resources
+            if TRUSTED_SOURCE in cell.metadata:
+                cell.source = cell.metadata.pop(TRUSTED_SOURCE)
             checks = value_checks(cell.source)
             if not checks or any(o.get("output_type") == "error" for o in cell.outputs):
                 return cell, resources  # nothing to judge, or the cell failed in the kernel already
@@ -152,11 +207,10 @@ def trusted_verdicts_preprocessor() -> type:
 
 
 def autograde_preprocessors() -> list[type]:
-    """nbgrader's autograde pipeline with ``TrustedVerdicts`` right after ``Execute`` (before the
-    output is limited and the grades saved)."""
+    """nbgrader's autograde pipeline with ``HideKeys`` right before ``Execute`` and ``TrustedVerdicts``
+    right after it (before the output is limited and the grades saved)."""
     from nbgrader.converters import Autograde
 
     steps = list(Autograde.class_traits()["autograde_preprocessors"].make_dynamic_default())
-    names = [step.__name__ for step in steps]
-    steps.insert(names.index("Execute") + 1, trusted_verdicts_preprocessor())
-    return steps
+    at = [step.__name__ for step in steps].index("Execute")
+    return [*steps[:at], hide_keys_preprocessor(), steps[at], trusted_verdicts_preprocessor(), *steps[at + 1:]]
