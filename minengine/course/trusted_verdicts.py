@@ -213,4 +213,5 @@ def autograde_preprocessors() -> list[type]:
 
     steps = list(Autograde.class_traits()["autograde_preprocessors"].make_dynamic_default())
     at = [step.__name__ for step in steps].index("Execute")
-    return [*steps[:at], hide_keys_preprocessor(), steps[at], trusted_verdicts_preprocessor(), *steps[at + 1:]]
+    hide, judge = hide_keys_preprocessor(), trusted_verdicts_preprocessor()
+    return [*steps[:at], hide, steps[at], judge, *steps[at + 1:]]
