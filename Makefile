@@ -32,7 +32,7 @@ GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assi
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test test-browser browser setup kernels models lint clean-venv help release autograde feedback export validate grade
+.PHONY: course test test-browser browser sandbox setup kernels models lint clean-venv help release autograde feedback export validate grade
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
@@ -46,9 +46,10 @@ help:
 	@echo "make test-hub a class on a real JupyterHub with the 30-student load test (root, useradd, node)"
 	@echo "make setup    only the set-up: .venv, the CPU kernels (make kernels) and SmolLM2 (make models)"
 	@echo "make browser  Debian's chromium for the browser tests (as root; BROWSER_INSTALL=0 skips it)"
+	@echo "make sandbox  Debian's bubblewrap, the autograder's sandbox (as root; SANDBOX_INSTALL=0 skips it)"
 	@echo "make clean-venv   remove .venv (the next command sets it up again)"
 
-setup: $(STAMP) kernels models
+setup: $(STAMP) kernels models sandbox
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,7 +78,7 @@ models: $(STAMP)
 course: $(STAMP) kernels models
 	$(PY) -m minengine.course open $(ARGS)
 
-test: $(STAMP) kernels models browser
+test: $(STAMP) kernels models browser sandbox
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
@@ -90,12 +91,18 @@ BROWSER_INSTALL ?= 1
 browser:
 	@$(if $(filter 1,$(BROWSER_INSTALL)),sh scripts/install_browser.sh,true)
 
+# Debian's bubblewrap: autograde runs every student's kernel in it (labs/README.md, "The sandbox"). Same
+# rules as browser: quiet, idempotent, never fails; without it autograde says what to install.
+SANDBOX_INSTALL ?= 1
+sandbox:
+	@$(if $(filter 1,$(SANDBOX_INSTALL)),sh scripts/install_sandbox.sh,true)
+
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
 release: $(STAMP) kernels
 	$(PY) -m minengine.course release --course-dir $(COURSE_DIR) $(if $(COURSE_SEED),--seed "$(COURSE_SEED)") $(if $(PUBLIC_SEED),--public-seed)
 
-autograde: $(STAMP) kernels
-	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER) $(if $(WORKERS),--workers $(WORKERS))
+autograde: $(STAMP) kernels sandbox
+	$(PY) -m minengine.course autograde --course-dir $(COURSE_DIR) $(GRADING_FILTER) $(if $(WORKERS),--workers $(WORKERS)) $(if $(NO_SANDBOX),--no-sandbox)
 
 feedback: $(STAMP) kernels
 	$(PY) -m minengine.course feedback --course-dir $(COURSE_DIR) $(GRADING_FILTER)
@@ -127,6 +134,6 @@ clean-venv:
 # Chromium (tests/test_hub.py's browser tests, with tests/browser/hub_browser.py), and the 30-student load
 # test that `make test` skips (MINENGINE_HUB_LOAD=1 turns it on).
 .PHONY: test-hub
-test-hub: $(STAMP) kernels models browser
+test-hub: $(STAMP) kernels models browser sandbox
 	sh deploy/jupyterhub/install_proxy.sh
 	MINENGINE_HUB_LOAD=1 $(PY) -m pytest tests/test_hub.py -v $(PYTEST_ARGS)

@@ -119,7 +119,8 @@ def test_the_preprocessor_turns_a_failed_verdict_into_zero_points(capsys: pytest
 
 def test_the_course_config_runs_the_judge_right_after_the_kernel(tmp_path: Path) -> None:
     names = [step.__name__ for step in autograde_preprocessors()]
-    assert names[:3] == ["HideKeys", "Execute", "TrustedVerdicts"] and names.index("SaveAutoGrades") > 2
+    assert names[:3] == ["HideKeys", "SandboxedExecute", "TrustedVerdicts"]
+    assert names.index("SaveAutoGrades") > 2
     grading.write_config(tmp_path)
     steps = grading.load_config(tmp_path).Autograde.autograde_preprocessors
     assert [step.__name__ for step in steps] == names

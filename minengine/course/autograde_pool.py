@@ -15,6 +15,9 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def usable_cores() -> int:
@@ -38,21 +41,20 @@ def split(pairs: list[tuple[str, str]], workers: int) -> list[list[tuple[str, st
     return [s for s in shares if s]
 
 
-def _run_share(task: Callable[[list[tuple[str, str]]], object], share: list[tuple[str, str]],
-               threads: int) -> int:
+def _run_share(task: Callable[[list[tuple[str, str]]], T], share: list[tuple[str, str]], threads: int) -> T:
     """Worker body: ``task(share)`` in this process, its kernels given ``threads`` math threads (two
     kernels each spinning a thread per core would slow each other down)."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
-    task(share)
-    return len(share)
+    return task(share)
 
 
-def run_in_parallel(task: Callable[[list[tuple[str, str]]], object], pairs: list[tuple[str, str]],
-                    workers: int) -> None:
-    """Run ``task`` on ``workers`` processes, each over its share of ``pairs``; the first failure is
-    raised once all have stopped. ``task`` must be picklable (a module-level function or a
-    ``functools.partial`` of one): :func:`minengine.course.grading.autograde` passes its own grader."""
+def run_in_parallel(task: Callable[[list[tuple[str, str]]], T], pairs: list[tuple[str, str]],
+                    workers: int) -> list[T]:
+    """Run ``task`` on ``workers`` processes, each over its share of ``pairs``, and return what each
+    share's call returned; the first exception is raised once all have stopped. ``task`` must be
+    picklable (a module-level function or a ``functools.partial`` of one):
+    :func:`minengine.course.grading.autograde` passes its own grader."""
     # spawn, not fork: a forked child would inherit this process's open gradebook connection and threads
     context = multiprocessing.get_context("spawn")
     shares = split(pairs, workers)
@@ -63,3 +65,4 @@ def run_in_parallel(task: Callable[[list[tuple[str, str]]], object], pairs: list
     failed = [e for e in errors if e is not None]
     if failed:
         raise failed[0]
+    return [f.result() for f in futures]

@@ -74,6 +74,18 @@ class GradingError(RuntimeError):
     """An nbgrader step failed; the message carries nbgrader's log."""
 
 
+class AutogradeFailed(GradingError):
+    """Some submissions could not be graded (their kernel died or stopped answering, say); every other
+    one was. ``scores`` holds the graded ones, ``failures`` says what happened to the rest. A submission
+    that could not be graded has no grade, which nbgrader's export counts as 0."""
+
+    def __init__(self, scores: list[Score], failures: dict[tuple[str, str], str]) -> None:
+        self.scores, self.failures = scores, failures
+        lines = [f"  {s} / {a}: {why}" for (s, a), why in sorted(failures.items())]
+        super().__init__(f"{len(failures)} submission(s) could not be graded (each scores 0 until a "
+                         "regrade succeeds); the others were graded:\n" + "\n".join(lines))
+
+
 @dataclass(frozen=True)
 class Score:
     student: str
@@ -307,9 +319,16 @@ def submissions(course_dir: Path = COURSE_DIR, student: str | None = None, assig
 # --------------------------------------------------------------------------------------------- grading
 @_in_grading_environment
 def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignment: str | None = None,
-              workers: int = 1) -> list[Score]:
+              workers: int = 1, sandbox: bool = True) -> list[Score]:
     """Autograde the matching submissions, one (student, assignment) at a time; returns their scores.
-    ``workers`` > 1 grades on that many processes (``minengine.course.autograde_pool``)."""
+    ``workers`` > 1 grades on that many processes (``minengine.course.autograde_pool``). Each kernel runs
+    in the sandbox (``minengine.course.sandbox``); ``sandbox=False`` runs them unconfined, for notebooks
+    you trust, and a machine that cannot sandbox raises :class:`SandboxError` unless it is given."""
+    from minengine.course.sandbox import SANDBOX_ENV, require_sandbox
+
+    if not sandbox:
+        os.environ[SANDBOX_ENV] = "off"  # grading_environment puts the old value back; workers inherit it
+    require_sandbox()
     config = load_config(course_dir)
     pairs = submissions(course_dir, student, assignment)
     if not pairs:
@@ -321,17 +340,25 @@ def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignm
                 gb.update_or_create_student(s)
             for a in sorted({a for _, a in pairs}):
                 gb.update_or_create_assignment(a)
-        run_in_parallel(functools.partial(_autograde_pairs, str(course_dir)), pairs, workers)
+        shares = run_in_parallel(functools.partial(_autograde_pairs, str(course_dir)), pairs, workers)
+        failures = {k: v for share in shares for k, v in share.items()}
     else:
-        _autograde_pairs(course_dir, pairs, config)
-    return [sc for sc in scores(course_dir) if (sc.student, sc.assignment) in set(pairs)]
+        failures = _autograde_pairs(course_dir, pairs, config)
+    graded = [sc for sc in scores(course_dir) if (sc.student, sc.assignment) in set(pairs) - set(failures)]
+    if failures:
+        raise AutogradeFailed(graded, failures)
+    return graded
 
 
-def _autograde_pairs(course_dir: Path | str, pairs: list[tuple[str, str]], config: Any = None) -> None:
+def _autograde_pairs(course_dir: Path | str, pairs: list[tuple[str, str]], config: Any = None
+                     ) -> dict[tuple[str, str], str]:
     """nbgrader's ``Autograde`` on each (student, assignment) pair, one after another, in this process
-    (a pool worker's body too, so it sets up the grading environment itself)."""
+    (a pool worker's body too, so it sets up the grading environment itself). A submission nbgrader
+    cannot grade is skipped, so one student's broken kernel never stops the class; returns why each
+    skipped one failed (the last lines of nbgrader's log)."""
     from nbgrader.converters import Autograde
 
+    failures: dict[tuple[str, str], str] = {}
     with grading_environment():
         config = load_config(Path(course_dir)) if config is None else config
         coursedir = _coursedir(config)
@@ -340,7 +367,12 @@ def _autograde_pairs(course_dir: Path | str, pairs: list[tuple[str, str]], confi
             app = Autograde(coursedir=coursedir, config=config)
             app.force = True
             app.create_student = True
-            _run(app, f"autograde {a} for {s}")
+            try:
+                _run(app, f"autograde {a} for {s}")
+            except GradingError as e:
+                causes = [ln.strip() for ln in str(e).splitlines() if "Error" in ln and "Traceback" not in ln]
+                failures[s, a] = (causes[-1] if causes else str(e).splitlines()[0])[:300]
+    return failures
 
 
 @_in_grading_environment

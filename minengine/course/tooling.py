@@ -204,7 +204,14 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     print("autograding (each notebook runs in a fresh kernel) ...", flush=True)
     if workers > 1:
         print(f"  on {workers} worker processes (--workers 1 grades one at a time)", flush=True)
-    _print_scores(grading.autograde(args.course_dir, args.student, args.assignment, workers=workers))
+    try:
+        graded = grading.autograde(args.course_dir, args.student, args.assignment, workers=workers,
+                                   sandbox=getattr(args, "sandbox", True))
+    except grading.AutogradeFailed as failed:
+        _print_scores(failed.scores)
+        print(f"error: {failed}", file=sys.stderr)
+        return 1
+    _print_scores(graded)
     return 0
 
 
@@ -316,13 +323,16 @@ def cmd_grade(args: argparse.Namespace) -> int:
         print(f"nothing to grade: pass a notebook, or run `make course` to fill {args.workspace}")
         return 2
     grading.ensure_release(args.course_dir)
+    from minengine.course.sandbox import sandbox_problem
+
+    sandbox = sandbox_problem() is None  # your own notebook: the sandbox where there is one, else none
     pages = []
     for path in paths:
         (placed,) = grading.submit(SELF_STUDENT, [path], args.course_dir)
         assignment = placed.parent.name
         print(f"grading {path} as {assignment} (hidden tests included; each cell runs in a fresh kernel) ...",
               flush=True)
-        (score,) = grading.autograde(args.course_dir, SELF_STUDENT, assignment)
+        (score,) = grading.autograde(args.course_dir, SELF_STUDENT, assignment, sandbox=sandbox)
         cells = grading.cell_scores(assignment, SELF_STUDENT, args.course_dir)
         print(f"  score {score.score:g} / {score.max_score:g}")
         for cell, points in cells.items():
@@ -372,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "autograde":
             p.add_argument("--workers", type=int, help="processes grading at once (default: one per core, "
                            "at most 4)")
+            p.add_argument("--no-sandbox", dest="sandbox", action="store_false",
+                           help="run the kernels unconfined: only for notebooks you trust (a class's "
+                                "submissions run in a bubblewrap sandbox; see labs/README.md)")
     p_exp = course_cmd("export", "write every grade to a CSV file")
     p_exp.add_argument("--to", type=Path, help="CSV path (default: <course-dir>/grades.csv)")
     p_val = sub.add_parser("validate", help="check a lab or quiz notebook; exits non-zero when a test fails")
@@ -398,10 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from minengine.course.grading import GradingError
+    from minengine.course.sandbox import SandboxError
 
     try:
         return COMMANDS[args.command](args)
-    except GradingError as exc:
+    except (GradingError, SandboxError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -207,11 +207,14 @@ def trusted_verdicts_preprocessor() -> type:
 
 
 def autograde_preprocessors() -> list[type]:
-    """nbgrader's autograde pipeline with ``HideKeys`` right before ``Execute`` and ``TrustedVerdicts``
-    right after it (before the output is limited and the grades saved)."""
+    """nbgrader's autograde pipeline with ``HideKeys`` right before ``Execute``, ``Execute`` itself in the
+    sandbox (``minengine.course.sandbox``), and ``TrustedVerdicts`` right after it (before the output is
+    limited and the grades saved)."""
     from nbgrader.converters import Autograde
+
+    from minengine.course.sandbox import sandboxed_execute_preprocessor
 
     steps = list(Autograde.class_traits()["autograde_preprocessors"].make_dynamic_default())
     at = [step.__name__ for step in steps].index("Execute")
     hide, judge = hide_keys_preprocessor(), trusted_verdicts_preprocessor()
-    return [*steps[:at], hide, steps[at], judge, *steps[at + 1:]]
+    return [*steps[:at], hide, sandboxed_execute_preprocessor(), judge, *steps[at + 1:]]
