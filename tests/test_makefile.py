@@ -46,8 +46,8 @@ SPECIAL_TARGETS = {".PHONY", ".SUFFIXES", ".DEFAULT", ".PRECIOUS", ".INTERMEDIAT
 PATH_TOKEN = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.*-]*)+$")  # relative, at least one slash
 EXTRAS_TOKEN = re.compile(r"^\.\[([A-Za-z0-9_,-]+)\]$")  # pip install -e ".[course,dev]"
 # Every target (the .PHONY list; a test keeps the two equal), so each one's dry run is a test of its own.
-TARGETS = ["course", "test", "test-browser", "test-hub", "setup", "kernels", "models", "browser", "lint",
-           "help", "release", "autograde", "feedback", "export", "validate", "grade", "book", "clean-venv"]
+TARGETS = ["course", "test", "test-browser", "test-hub", "setup", "kernels", "models", "browser", "sandbox",
+           "lint", "help", "release", "autograde", "feedback", "export", "validate", "grade", "book", "clean-venv"]
 
 
 # ------------------------------------------------------------------------------------- make, read
@@ -254,6 +254,20 @@ def test_browser_target_where_chromium_is_already_there():
     done = run_target("browser")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "installing" not in done.stdout and time.monotonic() - start < 30
+
+
+def test_sandbox_target_without_installing():
+    assert dry_run("sandbox", venv=this_venv()) == ["sh scripts/install_sandbox.sh"]
+    assert make("-n", "sandbox", "SANDBOX_INSTALL=0").stdout.split() == ["true"]
+    done = run_target("sandbox", SANDBOX_INSTALL="0")
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+def test_sandbox_target_where_bubblewrap_is_already_there():
+    if not shutil.which("bwrap"):
+        pytest.skip("no bubblewrap here, and installing it is not a cheap test (make test does it)")
+    done = run_target("sandbox")
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
 
 
 def test_clean_venv_removes_the_named_environment_only(tmp_path: Path):
