@@ -47,7 +47,8 @@ PATH_TOKEN = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.*-]*)+$")  # relative,
 EXTRAS_TOKEN = re.compile(r"^\.\[([A-Za-z0-9_,-]+)\]$")  # pip install -e ".[course,dev]"
 # Every target (the .PHONY list; a test keeps the two equal), so each one's dry run is a test of its own.
 TARGETS = ["course", "test", "test-browser", "test-hub", "setup", "kernels", "models", "browser", "sandbox",
-           "lint", "help", "release", "autograde", "feedback", "export", "validate", "grade", "book", "clean-venv"]
+           "lint", "help", "release", "autograde", "feedback", "export", "validate", "grade", "book",
+           "clean-venv"]
 
 
 # ------------------------------------------------------------------------------------- make, read

@@ -190,10 +190,15 @@ def reference_calls(fn: Any) -> list[str]:
 
     found: list[str] = []
     stack, seen = [fn], set()
+    from minengine.course.grader_side_tests import KernelFunction
+
     while stack:
         f = stack.pop()
         if isinstance(f, functools.partial):
             stack.append(f.func)
+            continue
+        if isinstance(f, KernelFunction):  # in the grader: read from the answer cells' source
+            found += f.grader_findings
             continue
         module = getattr(f, "__module__", None) or ""
         if module.split(".")[0] == "minengine":

@@ -238,8 +238,12 @@ def sandboxed_kernel_manager_class() -> type:
 
 @functools.cache
 def sandboxed_execute_preprocessor() -> type:
-    """nbgrader's ``Execute`` step with its kernels in the sandbox (unless the sandbox is turned off)."""
+    """nbgrader's ``Execute`` step with its kernels in the sandbox (unless the sandbox is turned off), and
+    the lab test cells marked for it run in the grader (``minengine.course.grader_side_tests``)."""
+    from nbgrader import utils
     from nbgrader.preprocessors import Execute
+
+    from minengine.course.grader_side_tests import grader_side_cell, is_grader_side
 
     class SandboxedExecute(Execute):
         """``Execute``, configured as ``c.Execute`` is, with :class:`SandboxedKernelManager` kernels."""
@@ -249,5 +253,11 @@ def sandboxed_execute_preprocessor() -> type:
                 require_sandbox()
                 kwargs.setdefault("kernel_manager_class", sandboxed_kernel_manager_class())
             super().__init__(*args, **kwargs)
+
+        def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:
+            if cell.cell_type == "code" and utils.is_grade(cell) and is_grader_side(cell):
+                self._check_assign_resources(resources)
+                return grader_side_cell(self, cell), self.resources
+            return super().preprocess_cell(cell, resources, index)
 
     return SandboxedExecute
