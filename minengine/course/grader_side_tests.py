@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 MARKER = "# (autograde runs this cell in the grader, calling your functions in your kernel)"
+# Names that reach for minengine's implementation (or import machinery that could) inside an answer.
+REFERENCE_NAMES = {"minengine", "kvcalc", "autocheck", "__import__", "importlib", "import_module"}
 CALL_MARKER = "minengine-call: "
 # Names an answer may not reach, besides autocheck._REFERENCE_NAMES: ways to run code the grader cannot
 # read, or to reach modules the answer did not import.
@@ -161,9 +163,7 @@ def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
     (:data:`DYNAMIC_NAMES`). A ``def`` is judged by its own body and the answer functions it calls; any
     other binding by its whole cell; anything dynamic at a cell's top level (it could bind any name)
     counts against every name. Empty lists: the learner's own code."""
-    from minengine.course.autocheck import _REFERENCE_NAMES
-
-    flagged_names = _REFERENCE_NAMES | DYNAMIC_NAMES
+    flagged_names = REFERENCE_NAMES | DYNAMIC_NAMES
 
     def findings_in(node: ast.AST) -> list[str]:
         found = []
