@@ -105,7 +105,14 @@ def answers(kind: str, released: dict[str, Any]) -> nbformat.NotebookNode:
     if kind == "blank":
         return nbformat.read(released["release"], as_version=4)
     _, edits = parse_fixture(FIXTURES / LAB / f"{PLANTED}.txt", rendered_keys(LAB, SEED))
-    return planted_student(released["release"], released["source"], edits)
+    nb = planted_student(released["release"], released["source"], edits)
+    # ... who also tries to leave a file in the instructor's course directory when autograde runs its
+    # notebook (three levels up from autograded/<student>/<assignment>/): the sandbox must keep it out.
+    first = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    first.source = ("from pathlib import Path\n\ntry:\n"
+                    "    Path('../../../planted_by_a_student.txt').write_text('was here')\n"
+                    "except OSError:\n    pass\n" + first.source)
+    return nb
 
 
 def expected_score(kind: str, released: dict[str, Any]) -> float:
@@ -268,6 +275,9 @@ def test_a_class_round_trip_through_the_exchange(hub: Hub, released: dict[str, A
     course = hub.home(INSTRUCTOR) / "course"
     assert {p.name for p in (course / "submitted").iterdir()} == set(STUDENTS)
     course_tool(hub, "autograde", "--assignment", LAB)
+    # Autograde ran every kernel in the sandbox, as the instructor's own user: the planted student's
+    # write three levels up never reached the course directory.
+    assert not (course / "planted_by_a_student.txt").exists()
     course_tool(hub, "feedback", "--assignment", LAB)
     nbgrader(hub, "release_feedback", LAB)
     TIMINGS["collect+autograde+feedback (3)"] = time.monotonic() - start

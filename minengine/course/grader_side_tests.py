@@ -18,7 +18,7 @@ learner's visible checks are instant.
 ``require_own_code`` cannot inspect a function that lives in another process, so the grader reads the
 student's answer cells instead (:func:`reference_findings`): a function whose code, or a helper it calls,
 names minengine, the grading helpers, import machinery or Python's ways to run hidden code (``exec``,
-``getattr``, ``globals``, dunder attributes) is not the learner's own, as before.
+``getattr``, ``globals``, dunder attributes, another process) is not the learner's own, as before.
 """
 
 from __future__ import annotations
@@ -41,12 +41,17 @@ CALL_MARKER = "minengine-call: "
 # Names an answer may not reach, besides autocheck._REFERENCE_NAMES: ways to run code the grader cannot
 # read, or to reach modules the answer did not import.
 DYNAMIC_NAMES = {"exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
-                 "__builtins__", "get_ipython", "breakpoint", "open",
-                 # attributes that lead to loaded modules or other frames' variables
-                 "modules", "_getframe", "f_globals", "f_back", "f_locals", "gi_frame"}
-# Modules an answer may not import: minengine itself, and ways to find its objects in the kernel.
+                 "__builtins__", "get_ipython", "breakpoint",
+                 # attributes that lead to loaded modules or other frames' variables, or run a program
+                 "modules", "_getframe", "f_globals", "f_back", "f_locals", "gi_frame", "system", "popen",
+                 "execv", "execvp", "execl", "execlp", "spawnv", "spawnl", "posix_spawn"}
+# At a cell's top level these can bind any name, so they count against every function.
+BINDING_NAMES = {"exec", "eval", "compile", "globals", "locals", "vars", "setattr", "__builtins__",
+                 "get_ipython"}
+# Modules an answer may not import: minengine itself, ways to find its objects in the kernel, and ways
+# to run it in another process.
 FLAGGED_IMPORTS = {"minengine", "importlib", "gc", "inspect", "ctypes", "pickle", "marshal", "types",
-                   "builtins"}
+                   "builtins", "runpy", "subprocess", "multiprocessing", "pty"}
 
 
 class StudentCodeError(Exception):
@@ -203,7 +208,7 @@ def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
                 for name in names:
                     own[name] = cell_findings
                 if findings_in(stmt):  # top-level code that runs hidden code can bind anything
-                    everywhere += [f for f in findings_in(stmt) if f.strip("'") in DYNAMIC_NAMES]
+                    everywhere += [f for f in findings_in(stmt) if f.strip("'") in BINDING_NAMES]
 
     result: dict[str, list[str]] = {}
     for name in own:
