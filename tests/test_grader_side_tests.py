@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAB1 = ROOT / "labs" / "lab1_kv_calculator" / "lab1_kv_calculator.ipynb"
 
 
-def stand_in_kernel(namespace: dict[str, Any], capsys: pytest.CaptureFixture | None = None) -> Any:
+def stand_in_kernel(namespace: dict[str, Any]) -> Any:
     """ask_kernel for a 'kernel' that is ``namespace``: kernel_call runs there, its line is read back."""
     import __main__
 
@@ -94,7 +94,7 @@ def test_code_run_at_a_cells_top_level_counts_against_every_function() -> None:
     assert "'exec'" in found["mine"]  # exec could have defined any function, this one included
 
 
-def test_a_figure_travels_as_its_lines_and_labels(capsys: pytest.CaptureFixture) -> None:
+def test_a_figure_travels_as_its_lines_and_labels() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +109,7 @@ def test_a_figure_travels_as_its_lines_and_labels(capsys: pytest.CaptureFixture)
         ax.legend()
         return fig
 
-    ask = stand_in_kernel({"plot": plot}, capsys)
+    ask = stand_in_kernel({"plot": plot})
     reply = ask({"call": "plot", "args": [{"A": [1, 2], "B": [3, 4]}, [10, 20]], "kwargs": {}})
     redrawn = rebuild(reply["value"])
     autocheck.check_kv_plot(redrawn, [10, 20], {"A": [1, 2], "B": [3, 4]})
@@ -117,27 +117,26 @@ def test_a_figure_travels_as_its_lines_and_labels(capsys: pytest.CaptureFixture)
     plt.close("all")
 
 
-def test_a_cell_judged_in_the_grader_ignores_what_the_kernel_did_to_the_checks(
-        capsys: pytest.CaptureFixture) -> None:
+def test_a_cell_judged_in_the_grader_ignores_what_the_kernel_did_to_the_checks() -> None:
     """The stand-in kernel's autocheck is patched to no-ops; the grader's own checks still judge."""
     source = (f"# Test\n{MARKER}\nfrom minengine.course.autocheck import expect_close, require_own_code\n"
               "require_own_code(double, part='part 1')\nexpect_close(double(21), 42, 'double 21')\n")
     patched = {"double": lambda x: 0, "expect_close": lambda *a, **k: None}
-    outputs = run_test_cell(source, stand_in_kernel(patched, capsys), {})
+    outputs = run_test_cell(source, stand_in_kernel(patched), {})
     assert [o["output_type"] for o in outputs] == ["error"]
     assert "expected 42" in outputs[0]["evalue"]
-    assert run_test_cell(source, stand_in_kernel({"double": lambda x: 2 * x}, capsys), {}) == []
-    copied = run_test_cell(source, stand_in_kernel({"double": lambda x: 2 * x}, capsys),
+    assert run_test_cell(source, stand_in_kernel({"double": lambda x: 2 * x}), {}) == []
+    copied = run_test_cell(source, stand_in_kernel({"double": lambda x: 2 * x}),
                            {"double": ["'kvcalc'"]})
     assert copied and "uses minengine's own code" in copied[-1]["evalue"]
 
 
-def test_failures_in_the_kernel_score_zero_with_a_reason(capsys: pytest.CaptureFixture) -> None:
+def test_failures_in_the_kernel_score_zero_with_a_reason() -> None:
     def raises(x: int) -> int:
         raise NotImplementedError("replace this line with your answer")
 
     source = "from minengine.course.autocheck import expect_close\nexpect_close(f(1), 1, 'one')\n"
-    (error,) = run_test_cell(source, stand_in_kernel({"f": raises}, capsys), {})
+    (error,) = run_test_cell(source, stand_in_kernel({"f": raises}), {})
     assert "NotImplementedError" in error["evalue"]
     expects_value_error = ("try:\n    f(1)\nexcept ValueError as e:\n    assert 'too big' in str(e)\n"
                            "else:\n    raise AssertionError('raise ValueError')\n")
@@ -148,9 +147,9 @@ def test_failures_in_the_kernel_score_zero_with_a_reason(capsys: pytest.CaptureF
     assert run_test_cell(expects_value_error, stand_in_kernel({"f": too_big}), {}) == []
     (not_raised,) = run_test_cell(expects_value_error, stand_in_kernel({"f": lambda x: x}), {})
     assert not_raised["evalue"] == "raise ValueError"
-    (missing,) = run_test_cell(source, stand_in_kernel({}, capsys), {})
+    (missing,) = run_test_cell(source, stand_in_kernel({}), {})
     assert missing["ename"] == "NameError"
-    (odd,) = run_test_cell(source, stand_in_kernel({"f": lambda x: object()}, capsys), {})
+    (odd,) = run_test_cell(source, stand_in_kernel({"f": lambda x: object()}), {})
     assert "cannot read" in odd["evalue"]
 
 
