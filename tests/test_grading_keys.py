@@ -110,14 +110,37 @@ def test_each_course_seed_renders_its_own_answers(tmp_path: Path, assignment: st
     assert not (tmp_path / "1" / "params.py").exists()
 
 
-def test_a_second_course_seed_still_gives_the_source_full_marks(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def second_class(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], grading.Score]:
+    """A class on seed 424242: the sources as students, and each quiz's answer sheet rendered from the
+    public sources (the default seed) copied in by another student."""
+    tmp_path = tmp_path_factory.mktemp("second_seed")
     course_dir = tmp_path / "course"
     grading.release(course_dir, SOURCES, timeout=30, seed=424242)
     assert grading.course_seed(course_dir) == 424242  # kept for later releases and regrades
     for assignment in SOURCES:
         grading.submit("solution", [notebook_of(course_dir / "source" / assignment)], course_dir)
-    for score in grading.autograde(course_dir, workers=default_workers()):
+        if assignment in QUIZZES:
+            public = tmp_path / "public" / assignment
+            (sheet,) = render_folder(SOURCES[assignment], public, DEFAULT_COURSE_SEED)
+            grading.submit("copied", [public / sheet], course_dir)
+    return {(s.student, s.assignment): s for s in grading.autograde(course_dir, workers=default_workers())}
+
+
+def test_a_second_course_seed_still_gives_the_source_full_marks(second_class: dict) -> None:
+    solutions = [s for (student, _), s in second_class.items() if student == "solution"]
+    assert len(solutions) == len(SOURCES)
+    for score in solutions:
         assert score.score == score.max_score > 0, score
+
+
+@pytest.mark.xfail(strict=True, reason="issue 38, open: a multiple-choice key is a shuffled letter, and the "
+                   "right option's text is the same in every course, so a public answer sheet matched by "
+                   "option text (or by luck) still scores; quiz 1 gave 6/10 on seed 424242")
+def test_a_public_answer_sheet_is_worth_little_in_another_class(second_class: dict) -> None:
+    copied = {a: s.score / s.max_score for (student, a), s in second_class.items() if student == "copied"}
+    assert set(copied) == set(QUIZZES)
+    assert all(share <= 0.4 for share in copied.values()), copied
 
 
 @pytest.mark.parametrize("assignment", QUIZZES)
