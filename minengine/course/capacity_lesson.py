@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,6 +65,14 @@ class StreamStats:
             f"TTFT p50 / p99:     {1e3 * self.ttft_p50:8.1f} / {1e3 * self.ttft_p99:.1f} ms;  ITL p50 / p99 "
             f"{1e3 * self.itl_p50:.1f} / {1e3 * self.itl_p99:.1f} ms",
         ])
+
+    def with_prompts_scaled(self, factor: float) -> StreamStats:
+        """The same traffic with every prompt ``factor`` times as long (twice the retrieved documents, a
+        longer system prompt), answers and rates unchanged: what a prompt-design decision does to the plan."""
+        prompts = np.maximum(1, np.rint(self.prompt_lens * factor)).astype(int)
+        return replace(self, prompt_lens=prompts, prompt_mean=float(prompts.mean()),
+                       input_tokens_per_s=self.input_tokens_per_s * factor,
+                       prompt_pct={q: float(np.percentile(prompts, q)) for q in self.prompt_pct})
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:

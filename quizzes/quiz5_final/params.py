@@ -116,6 +116,34 @@ def _kv_use(rng: random.Random) -> dict:
     }
 
 
+def _token_cost(rng: random.Random) -> dict:
+    # On-demand H100 list prices ran about $2.50-5.00 per GPU-hour in May 2026 (Mercatus' cloud GPU survey).
+    gpus = rng.choice([4, 8, 16, 24])
+    price = rng.choice([2.0, 2.5, 3.0, 3.5, 4.0, 4.5])
+    tps = rng.choice([1200, 1500, 1800, 2400, 3000])
+    load = rng.choice([30, 35, 40, 45, 50, 60])
+    key = round(price / (tps * load / 100 * 3600) * 1e6, 3)
+    peak = round(price / (tps * 3600) * 1e6, 3)
+    tol = round(max(0.01, 0.03 * key), 3)
+    return {
+        "q11_gpus": str(gpus),
+        "q11_price": f"{price:.2f}",
+        "q11_tps": f"{tps:,}",
+        "q11_load": str(load),
+        "q11_key": key,
+        "q11_peak": peak,
+        "q11_tol": tol,
+        "q11_tol_text": f"{tol:g}",
+        "q11_why": (f"Each GPU costs ${price:.2f} every hour, busy or not, and makes on average {load}% "
+                    f"of its peak: {tps:,} x {load / 100:g} = {tps * load / 100:,.0f} output tokens/s, "
+                    f"{tps * load / 100 * 3600 / 1e6:.2f} million an hour. ${price:.2f} / "
+                    f"{tps * load / 100 * 3600 / 1e6:.2f} million = ${key:.3f} per million output tokens. "
+                    f"The fleet's size cancels out ({gpus} GPUs cost {gpus}x as much and make {gpus}x as "
+                    f"many tokens). At the peak alone it would be ${peak:.3f}: the quiet hours are paid for "
+                    "too, which is why operators autoscale or fill the valleys with batch work."),
+    }
+
+
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz5_final/{seed}")
-    return {**_kv_transfer(rng), **_concurrency(rng), **_kv_use(rng)}
+    return {**_kv_transfer(rng), **_concurrency(rng), **_kv_use(rng), **_token_cost(rng)}
