@@ -4,6 +4,7 @@ raise."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,3 +63,59 @@ def test_a_claim_needs_its_words() -> None:
 def test_compare_prediction(predicted: object, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     text = claims.compare_prediction(predicted, 11.0, "TTFT", "ms")  # type: ignore[arg-type]
     assert expected in text and text in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------- exercises
+CASES = [((80, 2.0), 0.9625), ((40, 3.0, 1.0), 0.9)]
+
+
+def test_an_exercise_not_written_yet_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    def mine(gpu_gib: float, outside_gib: float, margin_gib: float = 1.0) -> None:
+        return None
+
+    assert claims.check_exercise("e", mine, CASES) is None
+    assert "not written yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (lambda g, o, m=1.0: 1 - o / g, "expected 0.9625"),  # forgot the margin
+    (lambda g, o, m=1.0: 1 / 0, "raised ZeroDivisionError: division by zero"),
+    (lambda g, o, m=1.0: "0.9", "returned 0.9, expected 0.9625"),  # a numeric string is read as a number
+    (lambda g, o, m=1.0: "lots", "not a number"),
+])
+def test_a_wrong_exercise_names_the_case_and_never_raises(body: Any, says: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert claims.check_exercise("e", body, CASES) is False
+    out = capsys.readouterr().out
+    assert says in out and "Traceback" not in out
+
+
+def test_a_right_exercise_passes_every_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert claims.check_exercise("e", lambda g, o, m=1.0: 1 - (o + m) / g, CASES) is True
+    assert "right on all 2 cases" in capsys.readouterr().out
+
+
+def test_each_lesson_exercise_model_answer_passes_its_own_check() -> None:
+    """The folded model answer under every exercise cell, run through that cell's own check call."""
+    import json
+    import re
+    from pathlib import Path
+
+    lessons = sorted((Path(__file__).resolve().parents[1] / "lessons").glob("*.ipynb"))
+    checked = 0
+    for path in lessons:
+        cells = json.loads(path.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "check_exercise(" not in source:
+                continue
+            answer = re.search(r"```python\n(.*?)```", "".join(cells[i + 1]["source"]), re.S)
+            assert answer, f"{path.name}: no model answer in the cell after exercise cell {i}"
+            namespace: dict[str, Any] = {"check_exercise": claims.check_exercise}
+            exec(answer.group(1), namespace)  # the model answer defines the function...
+            exercise = source.split("\n\n\ncheck_exercise(", 1)
+            assert len(exercise) == 2, f"{path.name} cell {i}: the check call follows the function"
+            call = "check_exercise(" + exercise[1]
+            assert eval(call.rstrip().rstrip(";"), namespace) is True, (path.name, i)  # ...which passes
+            checked += 1
+    assert checked >= 1

@@ -14,13 +14,16 @@ matches what the engine does. Machine-dependent claims pass ``must_hold=False``:
 explanation, not an error. Nothing here raises, so a learner's notebook never stops at a check.
 
 :func:`compare_prediction` prints the learner's guess (a variable they set before the experiment)
-next to the measured value.
+next to the measured value, and :func:`check_exercise` tries a function the learner wrote in a lesson on a
+few cases, printing what is wrong instead of raising.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 FAILED_MARKER = "CLAIM FAILED (must hold)"
 HELD_PREFIX = "as expected: "
@@ -119,6 +122,36 @@ def compare_prediction(predicted: float | None, measured: float, what: str, unit
                     f"{verdict}")
     print(text)
     return text
+
+
+def check_exercise(name: str, fn: Callable[..., Any], cases: Sequence[tuple[tuple[Any, ...], float]],
+                   rel_tol: float = 1e-3) -> bool | None:
+    """Try a learner's function from a lesson's exercise on ``cases`` ((arguments, expected) pairs) and
+    print what happened: not written yet (it returned None), an error in it (the exception in one line,
+    never a traceback), the first case it gets wrong, or right on all of them. Returns None, False or
+    True accordingly. Lessons are not graded: the cases show the answers, and the model answer is folded
+    below the exercise."""
+    for args, expected in cases:
+        call = f"{getattr(fn, '__name__', 'your function')}{tuple(args)!r}"
+        try:
+            got = fn(*args)
+        except Exception as e:  # the learner's code: say what went wrong, keep the notebook going
+            print(f"exercise {name}: {call} raised {type(e).__name__}: {e}")
+            return False
+        if got is None:
+            print(f"exercise {name}: not written yet (it returns None). Write it, run this cell again, or "
+                  "open the model answer below.")
+            return None
+        try:
+            ok = math.isclose(float(got), expected, rel_tol=rel_tol)
+        except (TypeError, ValueError):
+            print(f"exercise {name}: {call} returned {got!r}, not a number")
+            return False
+        if not ok:
+            print(f"exercise {name}: {call} returned {float(got):.6g}, expected {expected:.6g}")
+            return False
+    print(f"exercise {name}: right on all {len(cases)} cases")
+    return True
 
 
 def _truth(value: object) -> bool:

@@ -2,7 +2,8 @@
 
 ``params(seed)`` draws a GPU and a weight format for the critical-batch question (Q2), a benchmark's
 largest TTFTs for the p99 question (Q4), a model config for the KV-bytes question (Q8) and a cache and a
-request length for the capacity question (Q9), and computes their keys, tolerances and explanations.
+request length for the capacity question (Q9), a GPU and its other tenants for the
+gpu_memory_utilization question (Q11), and computes their keys, tolerances and explanations.
 The strings go into the question text (``@@q2_setup@@`` ...), the numbers into the hidden tests.
 
 Hardware figures are datasheet numbers (dense BF16, HBM bandwidth), as in the course's reference table,
@@ -160,6 +161,36 @@ def _capacity(rng: random.Random) -> dict:
     }
 
 
+def _utilization(rng: random.Random) -> dict:
+    gpu_gib = rng.choice([40, 48, 80, 94, 141])
+    weights = rng.choice([15, 16, 28]) if gpu_gib > 40 else rng.choice([15, 16])
+    other = rng.choice([2, 3, 4, 6])
+    context = 0.5  # the CUDA context and libraries' workspaces, outside the engine's accounting
+    margin = rng.choice([1, 2])
+    key = round(1 - (other + context + margin) / gpu_gib, 3)
+    minus_weights = round(1 - (other + context + margin + weights) / gpu_gib, 3)
+    tol = 0.005
+    return {
+        "q11_gpu": str(gpu_gib),
+        "q11_weights": str(weights),
+        "q11_other": str(other),
+        "q11_margin": str(margin),
+        "q11_key": key,
+        "q11_minus_weights": minus_weights,
+        "q11_tol": tol,
+        "q11_tol_text": f"{tol:g}",
+        "q11_why": (f"The fraction is the engine's share of the whole GPU, and its own weights, "
+                    "activations and KV cache all live inside it. What must fit outside is what the "
+                    f"engine does not count: the embedding server at its busiest ({other} GiB), the CUDA "
+                    f"context ({context:g} GiB) and your margin ({margin} GiB), {other + context + margin:g} "
+                    f"GiB of {gpu_gib}: 1 - {other + context + margin:g} / {gpu_gib} = {key:.3f}. "
+                    f"Subtracting the {weights} GiB of weights as well ({minus_weights:.3f}) counts them "
+                    "twice and gives the cache that much less for nothing. Then check the other side at "
+                    "the peak: no preemptions, or the cache is too small for the traffic at any safe "
+                    "setting."),
+    }
+
+
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz2_roofline_latency_kv/{seed}")
-    return {**_critical_batch(rng), **_p99(rng), **_kv_per_token(rng), **_capacity(rng)}
+    return {**_critical_batch(rng), **_p99(rng), **_kv_per_token(rng), **_capacity(rng), **_utilization(rng)}
