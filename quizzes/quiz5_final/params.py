@@ -144,6 +144,38 @@ def _token_cost(rng: random.Random) -> dict:
     }
 
 
+def _long_answers(rng: random.Random) -> dict:
+    # name, bandwidth TB/s (datasheets); model, KV KiB per token (bf16, from config.json), weights GB
+    gpu, tbps = rng.choice([("A100 80GB SXM", 2.04), ("H100 SXM", 3.35), ("H200 SXM", 4.8)])
+    model, kib, weights_gb = rng.choice([("Llama-3.1-8B", 128, 16), ("Qwen2.5-14B", 192, 29.5)])
+    reports = rng.choice([4, 6, 8, 12, 16])
+    context = rng.choice([3000, 4000, 6000, 8000])
+    extra_gb = reports * context * kib * 1024 / 1e9
+    key = round(extra_gb / tbps, 2)  # GB / (TB/s) = ms
+    base = weights_gb / tbps
+    tol = round(max(0.05, 0.03 * key), 2)
+    return {
+        "q12_gpu": gpu,
+        "q12_tbps": f"{tbps:g}",
+        "q12_model": model,
+        "q12_weights": f"{weights_gb:g}",
+        "q12_kib": str(kib),
+        "q12_reports": str(reports),
+        "q12_context": f"{context:,}",
+        "q12_key": key,
+        "q12_one": round(key / reports, 2),
+        "q12_tol": tol,
+        "q12_tol_text": f"{tol:g}",
+        "q12_why": (f"Each decode step reads every running sequence's cache. {reports} reports x {context:,} "
+                    f"tokens x {kib} KiB = {extra_gb:.2f} GB more per step, which at {tbps:g} TB/s takes "
+                    f"{key:.2f} ms: the chat turns' steps grow from about {base:.1f} ms (the weights alone) "
+                    f"to about {base + key:.1f} ms, {100 * key / base:.0f}% longer, for as long as the "
+                    "reports are writing. On an instance of their own the chats' steps read the weights "
+                    "and their own short caches only."),
+    }
+
+
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz5_final/{seed}")
-    return {**_kv_transfer(rng), **_concurrency(rng), **_kv_use(rng), **_token_cost(rng)}
+    return {**_kv_transfer(rng), **_concurrency(rng), **_kv_use(rng), **_token_cost(rng),
+            **_long_answers(rng)}
