@@ -3,7 +3,10 @@ raise."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,12 +100,8 @@ def test_a_right_exercise_passes_every_case(capsys: pytest.CaptureFixture[str]) 
 
 def test_each_lesson_exercise_model_answer_passes_its_own_check() -> None:
     """The folded model answer under every exercise cell, run through that cell's own check call."""
-    import json
-    import re
-    from pathlib import Path
-
     lessons = sorted((Path(__file__).resolve().parents[1] / "lessons").glob("*.ipynb"))
-    checked = 0
+    checked, exercised = 0, set()
     for path in lessons:
         cells = json.loads(path.read_text())["cells"]
         for i, cell in enumerate(cells):
@@ -118,4 +117,18 @@ def test_each_lesson_exercise_model_answer_passes_its_own_check() -> None:
             call = "check_exercise(" + exercise[1]
             assert eval(call.rstrip().rstrip(";"), namespace) is True, (path.name, i)  # ...which passes
             checked += 1
-    assert checked >= 1
+            exercised.add(path.name)
+    assert exercised == {path.name for path in lessons}, "lessons without a code exercise"
+    assert checked >= len(lessons)
+
+
+def test_each_lesson_asks_the_learner_to_explain_before_a_model_answer() -> None:
+    """Every lesson has a place where the learner writes an explanation, with a folded model answer after
+    it (issue 39: the learner writes the conclusion, the claim lines only confirm it)."""
+    for path in sorted((Path(__file__).resolve().parents[1] / "lessons").glob("*.ipynb")):
+        cells = ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
+        places = [i for i, text in enumerate(cells) if re.search(r"^\*Your explanation", text, re.M)]
+        assert places, f"{path.name}: no cell for the learner's explanation"
+        for i in places:
+            after = "\n".join(cells[i : i + 2])
+            assert "<details><summary>" in after, f"{path.name} cell {i}: no folded answer after it"
