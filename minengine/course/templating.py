@@ -14,6 +14,10 @@ What a source notebook may contain:
   (a right option) or ``* [ ] text`` (a distractor). It is rendered as ``* **A.** text`` ... in a seeded
   order, and ``@@q3@@`` elsewhere (the solution cell, the hidden test) becomes the key letters. Across a
   notebook, single-answer questions get their right option at each position equally often.
+* an option whose rightness the seed decides: ``* [@@name@@] text``, where ``params[name]`` is ``"x"``
+  (right) or ``" "`` (a distractor). Then *which* option is right follows from the seeded scenario (a
+  rule the student applies to their own numbers), so an answer sheet from another course, copied by its
+  options' text, is no key.
 
 Anything left unreplaced is an error: a release never goes out with a placeholder in it.
 """
@@ -38,6 +42,7 @@ SEED_FILE = "course.json"  # {"seed": N}: what a class's release was rendered wi
 PLACEHOLDER = re.compile(r"@@([A-Za-z_][A-Za-z0-9_]*)@@")
 CHOICES_MARK = re.compile(r"^<!-- choices (\w+) -->[ \t]*$", re.M)
 OPTION = re.compile(r"^\* \[([ xX])\] (.*(?:\n(?!\* \[|\n).*)*)", re.M)  # an item and its wrapped lines
+SEEDED_MARK = re.compile(r"^\* \[@@([A-Za-z_][A-Za-z0-9_]*)@@\]", re.M)  # * [@@name@@]: the seed decides
 LETTERS = "ABCDEFGH"
 PARAMS_FILE = "params.py"
 
@@ -105,6 +110,24 @@ def load_params(folder: Path, seed: int | str) -> dict[str, Any]:
     return values
 
 
+def resolve_seeded_marks(cells: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells with every ``* [@@name@@]`` option mark replaced by this seed's ``[x]`` or ``[ ]``."""
+
+    def mark(m: re.Match[str]) -> str:
+        value = params.get(m.group(1))
+        if value not in ("x", " "):
+            raise TemplateError(f"option mark @@{m.group(1)}@@ needs params to give 'x' or ' ', got "
+                                f"{value!r}")
+        return f"* [{value}]"
+
+    out = []
+    for cell in cells:
+        if cell.get("cell_type") == "markdown" and "* [@@" in "".join(cell["source"]):
+            cell = {**cell, "source": SEEDED_MARK.sub(mark, "".join(cell["source"]))}
+        out.append(cell)
+    return out
+
+
 def _find_choice_lists(cells: list[dict[str, Any]]) -> list[ChoiceList]:
     found = []
     for i, cell in enumerate(cells):
@@ -150,7 +173,7 @@ def render_notebook(nb: dict[str, Any], seed: int | str, params: dict[str, Any],
     """The notebook for one course seed (a new dict; ``nb`` is not changed)."""
     seed = seed_number(seed)
     nb = json.loads(json.dumps(nb))
-    cells = nb["cells"]
+    nb["cells"] = cells = resolve_seeded_marks(nb["cells"], params)
     lists = _find_choice_lists(cells)
     orders = _orders(lists, seed, name)
     keys: dict[str, str] = {}
