@@ -3,7 +3,11 @@
 ``params(seed)`` draws a GPU and a weight format for the critical-batch question (Q2), a benchmark's
 largest TTFTs for the p99 question (Q4), a model config for the KV-bytes question (Q8) and a cache and a
 request length for the capacity question (Q9), a GPU and its other tenants for the
-gpu_memory_utilization question (Q11), and computes their keys, tolerances and explanations.
+gpu_memory_utilization question (Q11), and computes their keys, tolerances and explanations. For the
+multiple-choice questions it draws a scenario (Q1 how a new GPU's two roofs move, Q3 a batch below or past
+the ridge, Q5 which of TPOT and ITL is the larger, Q6 how the benchmark sends and times, Q7 a rate near or
+far below capacity, Q10 an fp8 KV cache or fp8 weights) and marks the option it makes right
+(``* [@@q1_falls@@]``), so another course's answer sheet is no key.
 The strings go into the question text (``@@q2_setup@@`` ...), the numbers into the hidden tests.
 
 Hardware figures are datasheet numbers (dense BF16, HBM bandwidth), as in the course's reference table,
@@ -43,6 +47,154 @@ MODELS = [
     ("Llama-3.2-3B", 28, 3072, 24, 8, 128),
 ]
 KV_DTYPES = [("bf16", 2), ("fp8", 1)]
+
+
+def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
+    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
+    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
+
+
+def _ridge_move(rng: random.Random) -> dict:
+    """Q1: the ridge is the ratio of the two roofs, so a faster chip can move it either way, or not at all."""
+    kind = rng.choice(["falls", "rises", "stays"])
+    tflops, tbps, gpu = {
+        "falls": (989, 4.8, "H200 SXMs: the same tensor cores (989 TFLOP/s), with memory that reads at "
+                            "4.8 TB/s"),
+        "rises": (1979, 3.35, "a newer GPU with twice the tensor-core throughput (about 1,979 TFLOP/s of "
+                              "dense BF16) and the same 3.35 TB/s of memory bandwidth"),
+        "stays": (1483, 5.0, "a newer GPU with about 1,483 TFLOP/s of dense BF16 (1.5x) and memory that "
+                             "reads at 5.0 TB/s (1.5x)"),
+    }[kind]
+    ridge = tflops / tbps
+    why = (f"The ridge point is peak FLOP/s divided by bandwidth: 989 / 3.35 = 295 FLOP/byte on the H100, "
+           f"{tflops:,} / {tbps:g} = {ridge:.0f} on the new GPU. " + {
+               "falls": ("More bandwidth with the same arithmetic moves the ridge down, not up: a decode "
+                         "step that streams the weights gets 4.8 / 3.35 = 1.43x shorter, and a decode "
+                         "batch of about 206 instead of 295 already fills the tensor cores. "),
+               "rises": ("More arithmetic with the same bandwidth moves the ridge up: a memory-bound "
+                         "decode step reads the same bytes at the same rate and keeps its length, prefill "
+                         "gets up to twice as fast, and decode stays memory-bound up to batches of about "
+                         "590. "),
+               "stays": ("Both roofs moved by 1.5x, so their ratio, the ridge, stays near 295: decode steps "
+                         "(memory-bound) and prefill (compute-bound) both get about 1.5x faster. "),
+           }[kind] + "'The faster chip has the higher ridge' mixes up speed with the ratio of the two "
+                     "speeds; and batch-1 decode, about 1 FLOP/byte in bf16, stays far below any of these "
+                     "ridges.")
+    return {"q1_gpu": gpu, **_marks("q1", ("falls", "rises", "stays"), kind), "q1_why": repr(why)}
+
+
+def _roofline_parts(rng: random.Random) -> dict:
+    """Q3: the weight matmuls ride the batch up to and past the ridge; attention stays at the GQA group."""
+    kind = rng.choice(["past", "below"])
+    batch = rng.choice([384, 512, 768]) if kind == "past" else rng.choice([32, 64, 128])
+    why = (f"The weight matmuls multiply each weight (2 bytes) by {batch} vectors, 2 FLOPs each: about "
+           f"{batch} FLOP/byte, " + ("past the ridge of about 295. " if kind == "past" else
+                             "still short of the ridge of about 295. ") +
+           "Attention is different: each sequence reads its own keys and values, so a bigger batch brings "
+           "more bytes along with the FLOPs and the ratio does not move. Per KV element read (2 bytes), the "
+           "8 query heads of its group each do a multiply-add for the score and one for the output: about 2 "
+           "x 8 x 2 / 2 = 8 FLOP/byte, the GQA group size, whatever the batch and the context. So "
+           "'memory-bound until the batch reaches the ridge' holds for the weight matmuls only. Attention's "
+           "n^2 term is prefill's; in decode each step costs a multiple of the context, not its square.")
+    return {"q3_batch": f"{batch:,}", **_marks("q3", ("past", "below"), kind), "q3_why": repr(why)}
+
+
+def _tpot_itl(rng: random.Random) -> dict:
+    """Q5: which of TPOT and ITL comes out larger says whether short or long answers met the stalls."""
+    kind = rng.choice(["short_stalled", "long_stalled"])
+    tpot, itl = (48, 14) if kind == "short_stalled" else (14, 48)
+    common = ("Both average the gaps between output tokens, weighted differently. TPOT is one value per "
+              "request, (E2E - TTFT) / (output tokens - 1), then averaged over requests: every user counts "
+              "once. ITL pools every gap of every request: a 500-token answer adds 499 gaps, a 3-token "
+              "answer 2. ")
+    end = {
+        "short_stalled": ("Here TPOT is the larger: the short answers met a stall (say a long prefill "
+                          "sharing their step) in their few gaps, which lifts their TPOT and so the mean "
+                          "TPOT, while the pooled ITL is carried by the long answers' many quick gaps. "),
+        "long_stalled": ("Here ITL is the larger: the long answers met the stalls across their many gaps, "
+                         "and those gaps dominate the pooled ITL, while the mean TPOT is carried by the "
+                         "many short answers that streamed fast, each counting once. "),
+    }[kind]
+    why = common + end + ("vLLM's TPOT leaves the first token out (some tools put it in: always say which "
+                          "definition you use), and both come from the same records, so the network is not "
+                          "what separates them.")
+    return {"q5_tpot": str(tpot), "q5_itl": str(itl), **_marks("q5", ("short_stalled", "long_stalled"), kind),
+            "q5_why": repr(why)}
+
+
+def _benchmark_gap(rng: random.Random) -> dict:
+    """Q6: a closed loop never sends what users send into a pause; a clock started at scheduling never
+    sees the queue. Which one hides the waits follows from how the script works."""
+    kind = rng.choice(["closed_loop", "clock"])
+    script = {
+        "closed_loop": ("runs 8 workers; each sends a request, waits for its answer, then sends the next, "
+                        "and times TTFT from the moment it sends"),
+        "clock": ("sends requests on a schedule (Poisson arrivals at the production rate, whatever the "
+                  "server is doing) and takes each TTFT from the server's records, whose clock starts when "
+                  "the engine schedules the request"),
+    }[kind]
+    why = {
+        "closed_loop": ("A closed-loop client sends its next request only when an answer came back, so its "
+                        "sending rate follows the server: while the server pauses, 8 requests wait (8 "
+                        "samples out of 5,000, too few to reach the p99) and no new ones arrive. Real "
+                        "users keep arriving during the pause, pile up, and wait for the queue to drain "
+                        "afterwards; none of those requests exists in the benchmark. This is coordinated "
+                        "omission. An open-loop generator (arrivals on a schedule, like vllm bench serve "
+                        "--request-rate) sees them. "),
+        "clock": ("The script's arrivals are open-loop, so the requests sent into a pause do exist in its "
+                  "samples, and they do wait. But a clock that starts when the engine schedules a request "
+                  "leaves out the time it spent in the queue, the very wait the users feel after a pause: "
+                  "each of those requests looks as fast as any other. Time TTFT from arrival (the client's "
+                  "send time), as vllm bench serve does. "),
+    }[kind] + ("5,000 samples are plenty for a p99, and the network adds milliseconds, not the seconds the "
+               "users report.")
+    return {"q6_script": script, **_marks("q6", ("closed_loop", "clock"), kind), "q6_why": repr(why)}
+
+
+def _near_capacity(rng: random.Random) -> dict:
+    """Q7: the wait grows steeply near capacity, the tail first, and hardly at all well below it."""
+    kind = rng.choice(["near", "far_below"])
+    plan = {"near": "wants to run at 9.5 requests/s, \"still under capacity\"",
+            "far_below": ("moves half the traffic to a second server, so this one will run at 2.5 "
+                          "requests/s")}[kind]
+    why = ("A queue's waiting time is not proportional to the load: it grows like rho / (1 - rho) in the "
+           "textbook single-server queue, 1/3 at a quarter load, 1 at half load and 19 at 95%. " + {
+               "near": ("Near capacity, bursts of arrivals leave queues that take long to drain, and the "
+                        "requests behind a burst make the tail, so p99 grows first and most, while p50 "
+                        "moves less. At 9.5 requests/s the p99 will be several times its value at 5; a "
+                        "sweep of rates (lesson 03) shows where the wall starts, and the highest rate that "
+                        "still meets the SLO is the one to plan for."),
+               "far_below": ("At 2.5 requests/s, a quarter of the capacity, a request rarely finds another "
+                             "ahead of it: the waits, already small at half load, shrink further, and TTFT "
+                             "stays close to the prefill itself, p50 and p99 alike (the p99 may fall a "
+                             "little). Halving the rate does not halve the latency: most of it is the "
+                             "work, not the queue."),
+           }[kind])
+    return {"q7_plan": plan, **_marks("q7", ("near", "far_below"), kind), "q7_why": repr(why)}
+
+
+def _eight_bits(rng: random.Random) -> dict:
+    """Q10: an fp8 KV cache doubles the cache's tokens; fp8 weights halve the weight reads. What each buys."""
+    kind = rng.choice(["kv", "weights"])
+    proposal = {
+        "kv": ("`--kv-cache-dtype fp8`: keys and values stored in 8 bits instead of bf16, the weights "
+               "unchanged"),
+        "weights": ("an fp8 checkpoint of the model: weights stored in 8 bits and turned back into bf16 "
+                    "inside the matmuls, the KV cache left in bf16"),
+    }[kind]
+    why = {
+        "kv": ("The KV formula's last factor is bytes per element: 1 instead of 2 halves the bytes per "
+               "token, so the same cache memory holds twice the tokens (keys and values both shrink, which "
+               "is how the total halves, not quarters). The weights are untouched, so a batch-1 decode "
+               "step, mostly the weight read, barely changes. "),
+        "weights": ("The weights go from 16 GB to about 8 GB, so a decode step at small batch, mostly the "
+                    "weight read, reads about half the bytes and gets nearly twice as fast; the 8 GB freed "
+                    "also hold more KV cache (here about a seventh more, not twice), so the preemptions "
+                    "ease somewhat. "),
+    }[kind] + ("Rounding perturbs every product it enters, and no normalisation undoes that: the effect "
+               "depends on the model, the scaling scheme and the task, so measure it on your own evaluation "
+               "before trading it for speed or capacity.")
+    return {"q10_proposal": proposal, **_marks("q10", ("kv", "weights"), kind), "q10_why": repr(why)}
 
 
 def _critical_batch(rng: random.Random) -> dict:
@@ -193,4 +345,6 @@ def _utilization(rng: random.Random) -> dict:
 
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz2_roofline_latency_kv/{seed}")
-    return {**_critical_batch(rng), **_p99(rng), **_kv_per_token(rng), **_capacity(rng), **_utilization(rng)}
+    return {**_critical_batch(rng), **_p99(rng), **_kv_per_token(rng), **_capacity(rng), **_utilization(rng),
+            **_ridge_move(rng), **_roofline_parts(rng), **_tpot_itl(rng), **_benchmark_gap(rng),
+            **_near_capacity(rng), **_eight_bits(rng)}

@@ -2,14 +2,133 @@
 
 ``params(seed)`` draws a static batch's output lengths (Q1), a request stream for Little's law (Q3) and
 a server with a long prompt joining its decodes (Q6, Q7: step-cost fit, token budget, prompt length),
-and computes the keys, tolerances and explanations. Strings go into the question text, numbers into
-the hidden tests.
+and computes the keys, tolerances and explanations. For the multiple-choice questions it draws a
+scenario (Q2 the ITL target, Q4 recompute or swap, Q5 the sweep's SLO shares, Q8 which run is
+decode-first, Q9 a tiny or an ample token budget) and marks the option it makes right
+(``* [@@q2_b128@@]``), so another course's answer sheet is no key. Strings go into the question text,
+numbers into the hidden tests.
 """
 
 from __future__ import annotations
 
 import math
 import random
+
+
+def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
+    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
+    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
+
+
+# Q2's step records: (batch, step ms) of an 8B model in bf16 on a simulated H100, short contexts
+Q2_STEPS = [(1, 6.2), (32, 6.6), (64, 7.1), (128, 8.3), (256, 13.9), (512, 26.5)]
+
+
+def _pick_batch(rng: random.Random) -> dict:
+    """Q2: the largest batch whose step meets the ITL target; which one follows from the target."""
+    target, pick = rng.choice([(8, 64), (10, 128), (15, 256)])
+    rates = {b: b / ms * 1000 for b, ms in Q2_STEPS}
+    step = dict(Q2_STEPS)
+    nxt = {64: 128, 128: 256, 256: 512}[pick]
+    why = ("Throughput is batch / step time: "
+           f"{', '.join(f'{rates[b]:,.0f} tokens/s at {b}' for b in (32, 64, 128, 256, 512))}. Each stream "
+           f"gets one token per step, so its ITL is the step time: {step[pick]} ms at {pick} meets the "
+           f"{target} ms target, while {step[nxt]} ms at {nxt} does not. " +
+           "Up to about 128 the step is mostly the weight read and barely grows, so batching is nearly "
+           "free; past the ridge the step grows about in proportion to the batch, and throughput stops "
+           "rising while every stream slows down. A smaller batch than the largest that meets the target "
+           "leaves throughput on the table, and a larger one breaks the ITL the users were promised.")
+    return {"q2_target": str(target), **_marks("q2", ("b64", "b128", "b256"), f"b{pick}"),
+            "q2_why": repr(why)}
+
+
+def _preemption_mode(rng: random.Random) -> dict:
+    """Q4: what happens to a preempted request depends on the mode: recompute (vLLM V1) or swap (V0)."""
+    kind = rng.choice(["recompute", "swap"])
+    engine = {"recompute": "The engine, like vLLM V1, preempts the request admitted last, by recompute",
+              "swap": ("The engine, like vLLM V0 started with `preemption_mode=\"swap\"` and CPU swap space, "
+                       "preempts the request admitted last by swapping it out")}[kind]
+    why = {
+        "recompute": ("Recompute preemption frees all the request's KV blocks at once, so the others can "
+                      "keep decoding, and puts the request back at the front of the waiting queue. Its "
+                      "generated tokens are kept: when it is readmitted, its prompt plus those tokens are "
+                      "prefilled again (a compute-bound pass, cheap next to generating them one step at a "
+                      "time), and decoding continues from there, so the user's stream is unchanged, only "
+                      "paused. "),
+        "swap": ("Swap preemption copies the request's KV blocks to CPU memory over PCIe and frees them on "
+                 "the GPU; once room frees up they are copied back and decoding resumes where it stopped, "
+                 "with nothing computed again (the price is the copies, and the CPU memory). vLLM V0 "
+                 "offered it; V1 only recomputes. "),
+    }[kind] + ("Neither mode cancels the request or regenerates tokens the user has seen. The pause is "
+               "counted by vllm:num_preemptions: a cache that keeps filling up is a capacity problem (fewer "
+               "sequences, shorter outputs, a smaller KV dtype), not something to leave running.")
+    return {"q4_engine": engine, **_marks("q4", ("recompute", "swap"), kind), "q4_why": repr(why)}
+
+
+# Q5's sweeps: the share of requests meeting both SLOs at 4, 6, 8, 10 and 12 requests/s
+Q5_SWEEPS = {6: (100, 98, 70, 40, 15), 8: (100, 99, 93, 61, 22), 10: (100, 100, 98, 90, 40)}
+Q5_RATES = (4, 6, 8, 10, 12)
+Q5_THROUGHPUT = (4.0, 6.0, 8.0, 9.8, 10.1)
+
+
+def _goodput(rng: random.Random) -> dict:
+    """Q5: goodput peaks where the share meeting the SLOs starts to fall fast; the sweep decides where."""
+    best = rng.choice(sorted(Q5_SWEEPS))
+    shares = Q5_SWEEPS[best]
+    good = [t * s / 100 for t, s in zip(Q5_THROUGHPUT, shares, strict=True)]
+    assert max(range(5), key=lambda i: good[i]) == Q5_RATES.index(best)
+    why = ("Goodput counts only the requests that met every SLO: "
+           f"{', '.join(f'{g:.1f}' for g in good)} requests/s for the five rates (throughput times the share "
+           f"that met both), highest at {best} requests/s. Past it the server still finishes more requests, "
+           "but more and more of them too late, so useful work falls while throughput keeps rising: "
+           "throughput alone would send you to the rate where most requests miss. A lower rate is safer, but "
+           "gives up goodput for a margin the SLO did not ask for.")
+    row = " | ".join(f"{s} %" for s in shares)
+    return {"q5_met": row, **_marks("q5", ("r6", "r8", "r10"), f"r{best}"), "q5_why": repr(why)}
+
+
+def _policy_runs(rng: random.Random) -> dict:
+    """Q8: the decode-first run has the smooth streams and the slower first tokens; which run it is, the
+    seed decides."""
+    decode_first = rng.choice(["X", "Y"])
+    rows = {"prefill": "0.25 s | 0.9 s | 160 ms", "decode": "0.6 s | 2.1 s | 35 ms"}
+    x, y = (rows["decode"], rows["prefill"]) if decode_first == "X" else (rows["prefill"], rows["decode"])
+    other = "Y" if decode_first == "X" else "X"
+    why = (f"With a fixed budget, the policy decides who gets it first. Decode-first (vLLM V1's order) gives "
+           f"every running sequence its token before any prompt chunk, so a step never holds more prompt "
+           f"tokens than the budget leaves over, and the streams' gaps stay short: {decode_first}'s low p99 "
+           f"ITL. New prompts get what is left, so they take longer to reach their first token: "
+           f"{decode_first}'s higher TTFT. Prefill-first hands the budget to waiting prompts, so they start "
+           f"sooner ({other}'s TTFT), and decodes stall behind big prompt steps ({other}'s ITL tail). The "
+           "number of tokens per step is not the whole story: which tokens they are decides who waits.")
+    return {"q8_x": x, "q8_y": y, **_marks("q8", ("x_first", "y_first"), f"{decode_first.lower()}_first"),
+            "q8_why": repr(why)}
+
+
+def _tiny_budget(rng: random.Random) -> dict:
+    """Q9: a budget of a few dozen tokens turns a prefill memory-bound; one of a couple of thousand keeps it
+    compute-bound. Which one the team set, the seed decides."""
+    kind = rng.choice(["tiny", "ample"])
+    budget = 64 if kind == "tiny" else 2048
+    chunk = budget - 16
+    steps = math.ceil(8000 / chunk)
+    why = {
+        "tiny": ("Prefill is cheap per token only because one pass over the weights serves many tokens. "
+                 f"With {budget} tokens per step and 16 taken by decodes, each step prefills {chunk} "
+                 f"prompt tokens: 8,000 / {chunk} = about {steps} steps. Every step reads the 16 GB of "
+                 "weights (16 GB / 3.35 TB/s = 4.8 ms) to do a few dozen tokens of work, an intensity "
+                 "near 64 FLOP/byte, far below the ridge: the prompt's prefill has turned memory-bound, "
+                 f"and its TTFT is at least {steps} x 4.8 ms = {steps * 4.8 / 1000:.1f} s, four times what "
+                 "it needs. "),
+        "ample": (f"With {budget} tokens per step and 16 taken by decodes, each step prefills {chunk:,} "
+                  f"prompt tokens: {steps} steps. Each one does about 2 x 8 billion x {chunk:,} = "
+                  f"{2 * 8 * chunk / 1000:.0f} TFLOP, {2 * 8e9 * chunk / 989e12 * 1e3:.0f} ms at 989 "
+                  "TFLOP/s, far more than the 4.8 ms weight read: the prefill stays compute-bound, and "
+                  f"its TTFT stays close to the 0.2 s it takes in one piece, spread over {steps} steps. "),
+    }[kind] + ("Under decode-first scheduling every decoding stream gets its one token in every step "
+               "whatever the budget; what the budget sets is how much prompt rides along, so how long each "
+               "of those steps is.")
+    return {"q9_budget": f"{budget:,}", **_marks("q9", ("tiny", "ample"), kind), "q9_why": repr(why)}
 
 
 def _static_batch(rng: random.Random) -> dict:
@@ -110,4 +229,5 @@ def _chunked(rng: random.Random) -> dict:
 
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz3_batching/{seed}")
-    return {**_static_batch(rng), **_littles_law(rng), **_chunked(rng)}
+    return {**_static_batch(rng), **_littles_law(rng), **_chunked(rng), **_pick_batch(rng),
+            **_preemption_mode(rng), **_goodput(rng), **_policy_runs(rng), **_tiny_budget(rng)}
