@@ -4,9 +4,10 @@
 lists of cases with their expected answers, made up per seed from random but realistic model shapes
 (layers, heads, K/V heads from the heads' divisors, head_dim given or derived, the K/V-heads key left out
 for MHA, 1-, 2- and 4-byte elements, contexts that are no block multiple, a GPU whose weights do not fit,
-sliding-window layers, MLA, tensor parallelism, a capacity plan) and engine settings for part 5. The
-expected numbers come from ``minengine.kvcalc`` (it runs here, at release, on the instructor's machine);
-part 5's expected answers come from the engine itself, run by the hidden test.
+sliding-window layers, MLA, tensor parallelism, a capacity plan, the longest context N sequences can
+hold) and engine settings for part 5. The expected numbers come from ``minengine.kvcalc`` (it runs here,
+at release, on the instructor's machine); part 5's expected answers come from the engine itself, run by
+the hidden test.
 """
 
 from __future__ import annotations
@@ -259,4 +260,25 @@ def params(seed: int) -> dict[str, Any]:
             out["hidden_gpus"].append({"concurrent": round(concurrent, 2), "kv_bytes_per_sequence": seq,
                                        "kv_budget_per_gpu": budget,
                                        "want": math.ceil(math.ceil(round(concurrent, 2)) / per_gpu)})
+
+    # Part 3, the other way round (drawn last, so the earlier parts' cases stay what they were): the
+    # longest context each of N sequences can hold, where whole blocks change the answer, and one budget
+    # too small to give every sequence a block.
+    out["hidden_longest"] = []
+    while len(out["hidden_longest"]) < 4:
+        zero = len(out["hidden_longest"]) == 3
+        config, nbytes = _dense(rng, rng.choice(["gqa", "mha", "mqa"])), rng.choice([1, 2])
+        block = rng.choice([16, 32, 256])
+        per_block = block * _per_token(config, nbytes)
+        if zero:  # fewer blocks than sequences
+            budget = rng.randint(1, 8) * per_block * 3
+            num_seqs = rng.randint(budget // per_block + 1, 4 * (budget // per_block) + 8)
+        else:
+            budget = rng.randint(4, 120) * GiB + rng.randint(0, GiB)
+            num_seqs = rng.randint(1, 512)
+        want = budget // per_block // num_seqs * block
+        unpaged = budget // (num_seqs * _per_token(config, nbytes))
+        if (want == 0) == zero and unpaged != want:
+            out["hidden_longest"].append({"config": config, "num_seqs": num_seqs, "kv_budget_bytes": budget,
+                                          "nbytes": nbytes, "block_size": block, "want": want})
     return out
