@@ -169,7 +169,8 @@ def test_a_second_course_seed_still_gives_the_source_full_marks(second_class: di
 
 # Quizzes whose multiple-choice keys follow from each course's scenario (params.py marks the right option).
 # The others still have one right option in every course: copied by its text, a public sheet scores there.
-SEEDED_QUIZZES = {"quiz1_two_phases", "quiz2_roofline_latency_kv", "quiz3_batching", "quiz4_prefix_serving"}
+SEEDED_QUIZZES = {"quiz1_two_phases", "quiz2_roofline_latency_kv", "quiz3_batching", "quiz4_prefix_serving",
+                  "quiz5_final"}
 COPIED_SHARE_LIMIT = 0.4  # a public sheet may earn this share of a quiz at most (guessing earns ~0.25 of MC)
 
 

@@ -2,8 +2,13 @@
 
 ``params(seed)`` draws a KV transfer between a prefill and a decode pool (Q2: model, prompt length,
 link speed), a traffic forecast for the concurrency question (Q4) and a decode GPU's load for the KV
-utilisation question (Q5), and computes the keys, tolerances and explanations. Strings go into the
-question text, numbers into the hidden tests.
+utilisation question (Q5), a fleet's cost (Q11) and long answers beside chat turns (Q12), and computes
+the keys, tolerances and explanations. For the multiple-choice questions it draws a scenario (Q1 the
+service a split is proposed for, Q3 which chip has the FLOP/s, Q6 the forecast's lengths, Q7 what the
+plan needs from the prompt lengths, Q8 how far the diagnosis got, Q9 the symptoms after a launch, Q10
+what is already in place against mixed-step stalls) and marks the option it makes right
+(``* [@@q1_pays@@]``), so another course's answer sheet is no key. Strings go into the question text,
+numbers into the hidden tests.
 
 KV bytes per token are those of each model's config.json (lesson 04's formula); link speeds are the
 usual datacenter ones, quoted in gigabits per second as vendors do.
@@ -175,7 +180,282 @@ def _long_answers(rng: random.Random) -> dict:
     }
 
 
+def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
+    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
+    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
+
+
+# Q1: an 8B model's KV cache in bf16 (Llama-3.1-8B: 128 KiB per token), the documents' prompts, the slow link
+Q1_KIB, Q1_DOC_PROMPT, Q1_SLOW_GBPS = 128, 6000, 10
+
+
+def _split_or_not(rng: random.Random) -> dict:
+    """Q1: whether separate prefill and decode pools raise goodput follows from the service: long prompts
+    with a tight TPOT on a fast fabric (yes), short prompts or a loose TPOT (little changes), a slow link
+    (it falls)."""
+    kind = rng.choice(["pays", "short", "loose", "link"])
+    prompt = 150 if kind == "short" else Q1_DOC_PROMPT
+    what = ("a chat bot, with 150-token prompts and 300-token answers" if kind == "short" else
+            f"document Q&A, with {Q1_DOC_PROMPT:,}-token prompts and 150-token answers")
+    tpot = 100 if kind == "loose" else 15
+    fabric = ("the GPUs talk over 10 Gb/s Ethernet" if kind == "link" else "the GPUs share a fast fabric")
+    nbytes = prompt * Q1_KIB * 1024
+    move_s = nbytes / (Q1_SLOW_GBPS / 8 * 1e9)
+    prefill_s = 2 * 8e9 * prompt / 989e12
+    why = {
+        "pays": ("Long prompts with a tight TPOT are the case disaggregation is for. Colocated, every decode "
+                 f"step that carries a chunk of a {prompt:,}-token prompt runs longer, and with prompts this "
+                 "long many steps carry one, so a 15 ms TPOT breaks long before the GPUs run out of work. "
+                 "Separate pools keep the decode steps pure, and on a fast fabric the KV cache crosses in "
+                 "a small fraction of the prefill that made it. The prompts are not short and the TPOT is "
+                 "not loose, so neither 'little changes' reason holds, and nothing here is slow to move: "
+                 "goodput does not fall."),
+        "short": ("Chat prompts of 150 tokens add little to each decode step, so colocated with chunked "
+                  "prefill there is little interference to remove (lesson 09: for chat traffic the best "
+                  "split gains a few percent at most), while a split pins GPUs to one phase, and one pool "
+                  "sits idle part of the time. So goodput does not rise much, although the 15 ms TPOT is "
+                  "tight: the 'loose TPOT' reason does not apply, and the fast fabric moves a 150-token "
+                  f"cache ({nbytes / 1e6:.0f} MB) in no time, so goodput does not fall either."),
+        "loose": ("A TPOT of 100 ms is met colocated even when prompt chunks ride in the decode steps, and "
+                  "colocation lets every GPU work on whichever phase is busy, which a fixed split gives up "
+                  "(lesson 09: with a loose TPOT no split does meaningfully better). So little changes. "
+                  f"It does not rise, though the {prompt:,}-token prompts are long: the interference they "
+                  "cause stays well inside a 100 ms TPOT. The fast fabric moves their KV cache quickly, so "
+                  "it does not fall."),
+        "link": (f"A {prompt:,}-token prompt's KV cache is {prompt:,} x {Q1_KIB} KiB = {nbytes / 1e9:.2f} "
+                 f"GB. 10 Gb/s Ethernet carries 1.25 GB/s, so it takes {move_s:.2f} s to cross, several "
+                 f"times its prefill (2 x 8 billion x {prompt:,} FLOP, about {prefill_s:.1f} s even at the "
+                 "H100's 989 TFLOP/s peak). That delay lands on the user: in TTFT, over the 500 ms SLO on "
+                 "its own, when the decode instance streams the answer; in the first inter-token gap, far "
+                 "over 15 ms, when the prefill instance sends the first token. Goodput falls. On a fast "
+                 "fabric the same service would be the case disaggregation is for (long prompts, tight "
+                 "TPOT), which is why neither 'little changes' reason fits."),
+    }[kind]
+    service = f"{what}, SLOs of TTFT 500 ms and TPOT {tpot} ms, and {fabric}"
+    return {"q1_service": service, **_marks("q1", ("pays", "short", "loose", "link"), kind),
+            "q1_why": repr(why)}
+
+
+Q3_FLOPS = "twice an H100's dense FLOP/s and the H100's memory bandwidth"
+Q3_BANDWIDTH = "an H100's dense FLOP/s and 1.4× its memory bandwidth (like an H200)"
+
+
+def _place_chips(rng: random.Random) -> dict:
+    """Q3: the chip with the FLOP/s goes to prefill, the one with the bandwidth to decode; which of X and Y
+    has which, the seed decides."""
+    flops_chip = rng.choice(["X", "Y"])
+    bw_chip = "Y" if flops_chip == "X" else "X"
+    specs = {flops_chip: Q3_FLOPS, bw_chip: Q3_BANDWIDTH}
+    why = ("Each pool can now get the hardware its phase needs. Prefill does thousands of FLOPs per weight "
+           "byte (its matmuls have a prompt's worth of rows), far above any ridge, so its time, and TTFT, "
+           f"follow the FLOP/s: {flops_chip}, with twice an H100's. Decode reads all the weights and every "
+           "sequence's KV cache each step for one token per sequence; attention stays near the GQA group "
+           "size in FLOP/byte whatever the batch, so decode steps follow the bandwidth: "
+           f"{bw_chip}, with 1.4x. The opposite placement puts each chip where its strength is wasted. The "
+           f"higher FLOP/s in both pools do nothing for a decode step that waits for memory. And the link "
+           "sets the transfer time, not the speed of either pool's steps.")
+    return {"q3_x": specs["X"], "q3_y": specs["Y"],
+            **_marks("q3", ("x_prefill", "y_prefill"), f"{flops_chip.lower()}_prefill"),
+            "q3_why": repr(why)}
+
+
+# Q6: the benchmark (128-token prompts and answers, 12 requests/s per GPU) and the forecast (150 requests/s)
+Q6_TRAFFIC = {"prompt": (1600, 90), "answer": (100, 2000), "short": (60, 20)}
+
+
+def _benchmark_plan(rng: random.Random) -> dict:
+    """Q6: a plan from a benchmark's requests per second is wrong in the direction of the traffic's tokens:
+    long prompts (prefill), long answers (decode, concurrency, KV) or short requests (too many GPUs)."""
+    kind = rng.choice(sorted(Q6_TRAFFIC))
+    prompt, out = Q6_TRAFFIC[kind]
+    bench, fleet = 12 * 128, 13 * 12 * 128  # tokens/s of each kind, per benchmark GPU and for 13 of them
+    p_rate, o_rate = 150 * prompt, 150 * out
+    start = ("A request rate says nothing about the work until you know its tokens. The benchmark's GPU took "
+             f"in 12 x 128 = {bench:,} prompt tokens/s and made {bench:,} output tokens/s; 13 such GPUs do "
+             f"{fleet:,} of each. The forecast brings 150 x {prompt:,} = {p_rate:,} prompt tokens/s and 150 "
+             f"x {out:,} = {o_rate:,} output tokens/s. ")
+    end = {
+        "prompt": (f"The prompt tokens are {p_rate / fleet:.0f} times what 13 benchmark GPUs took in: they "
+                   "would drown in queued prompts (TTFT explodes while TPOT still looks fine), and at the "
+                   f"benchmark's rate the prefill alone is about {p_rate / bench:.0f} GPUs' worth. The "
+                   "shorter answers save some decode work, far from enough to offset that, so the answer is "
+                   "not 'too many', and the answers, shorter than the benchmark's, are not what binds. A "
+                   "parallel pass is not a free one: prefill is compute-bound, so its time grows with the "
+                   "prompt's tokens."),
+        "answer": (f"The output tokens are {o_rate / fleet:.0f} times what 13 benchmark GPUs made, and by "
+                   "Little's law (rate x decode time) each GPU holds about that many times the benchmark's "
+                   f"decoding sequences, each with a cache of up to {prompt + out:,} tokens instead of 256: "
+                   "every step carries a far bigger batch and reads far more KV, so the steps lengthen and "
+                   "the TPOT the benchmark met breaks (or the cache fills and requests are preempted). The "
+                   "prompts are shorter than the benchmark's, so prefill is not the problem, and the plan is "
+                   "not too large. A request holds its batch slot, and its KV blocks, for every token it "
+                   "decodes, so its length is what counts."),
+        "short": (f"Both are far below what 13 benchmark GPUs handled ({p_rate / fleet:.2f} and "
+                  f"{o_rate / fleet:.2f} of it): each request is less prefill and much less decode work, "
+                  "with fewer sequences decoding at once (Little's law), so a GPU serves more than 12 of "
+                  "these requests a second within the SLOs and the plan asks for too many GPUs. Neither the "
+                  "prompts nor the answers are longer than the benchmark's, so 'far too few' does not "
+                  "apply, and the lengths do change the answer: a request's work is its tokens."),
+    }[kind]
+    tail = (" Plan from input and output tokens per second, concurrent sequences and the KV they hold, "
+            "then check the plan in a simulator or a replay.")
+    traffic = f"prompts of {prompt:,} tokens and answers of {out:,} on average"
+    return {"q6_traffic": traffic, **_marks("q6", ("prompt", "answer", "short"), kind),
+            "q6_why": repr(start + end + tail)}
+
+
+def _prompt_statistic(rng: random.Random) -> dict:
+    """Q7: the mean sets the token rates, the tail what one long request brings, the median the typical
+    request's latency at light load; which the plan needs, the seed decides."""
+    kind = rng.choice(["mean", "p99", "median"])
+    need = {
+        "mean": "the prefill work per second the fleet must do at the forecast 150 requests/s",
+        "p99": ("the KV cache and the prefill time of one document-pasting user's request, to check that "
+                "the cache and the chunk budget leave room for it"),
+        "median": ("the TTFT of the middle user at light load (half of the users get theirs sooner), to "
+                   "quote on the status page"),
+    }[kind]
+    why = {
+        "mean": ("Prefill work per second is the arrival rate times the mean prompt: 150 x 900 = 135,000 "
+                 "prompt tokens/s. The mean, pulled up by the long tail, is exactly what the GPUs must "
+                 "compute; the median (a third of it) would undersize the fleet three times, and sizing "
+                 "every prompt at the p99 would buy about 15 times the prefill capacity needed. "),
+        "p99": ("One request's KV cache and prefill grow with its own prompt, so the question is about the "
+                "tail: a 14,000-token prompt holds a KV cache of 14,000 tokens (1.71 GiB at Llama-3.1-8B's "
+                "128 KiB per token), makes the biggest prefill (so the chunk budget and these users' TTFT), "
+                "and decides how many fit beside it. The mean (900) and the median (300) describe other "
+                "requests; sized with them the engine is not ready for the requests it will get. "),
+        "median": ("At light load nothing waits, so a request's TTFT is its prefill, which grows with its "
+                   "prompt: the middle prompt (the median, 300 tokens) gives the middle TTFT. The mean, 900 "
+                   "tokens, pulled up by a few long documents, would quote a TTFT that most users beat, and "
+                   "the p99 the wait of the unluckiest one in a hundred. "),
+    }[kind] + ("The three figures are far apart (300, 900 and 14,000 tokens), so which one a number is built "
+               "on changes the plan a lot. Averages hide groups (lesson 03): split the traffic by length "
+               "first, then plan each part.")
+    return {"q7_need": need, **_marks("q7", ("mean", "median", "p99"), kind), "q7_why": repr(why)}
+
+
+def _diagnosis_stage(rng: random.Random) -> dict:
+    """Q8: the diagnosis order, from where the investigation stands: nothing yet (one request's trace),
+    after the trace (length groups), after the groups (quiet vs loaded)."""
+    kind = rng.choice(["trace", "groups", "quiet"])
+    done = {
+        "trace": "You have not looked at anything else yet.",
+        "groups": ("You have taken the slowest request's trace apart: most of its time passed before its "
+                   "first token, and its stream was smooth after that."),
+        "quiet": ("You have taken the slowest request's trace apart (most of its time passed before its "
+                  "first token) and split the requests by prompt length: short and long ones are slowed "
+                  "alike."),
+    }[kind]
+    why = ("A mean end-to-end latency mixes the queue, the prefill, the first token and every decode step of "
+           "every request, and each has different causes and fixes. The order: one request's trace to see "
+           "where its time went; then the traffic grouped by prompt and output length; then quiet against "
+           "loaded runs; then mixed prefill-decode steps; then cache pressure, all before touching "
+           "kernels. " +
+           {"trace": "Nothing has been looked at yet, so the trace comes first; the length groups and the "
+                     "quiet run come after it, once you know which part of the request to compare.",
+            "groups": "The trace is done and points at the time before the first token, so the next stage "
+                      "splits the traffic by length: is it the long prompts that wait, or everyone? A trace "
+                      "needs no repeating, and the quiet run comes after the groups.",
+            "quiet": "The trace and the length groups are done, and everyone is slowed alike, so the next "
+                     "stage sends the same requests one at a time: fast alone and slow under load points to "
+                     "queueing or admission, not the model. Repeating an earlier stage adds nothing."}[kind] +
+           " Profiling kernels first tunes what may not be slow: a slow kernel would make the requests slow "
+           "alone too, and the order rules that out before anyone profiles.")
+    return {"q8_done": done, **_marks("q8", ("trace", "groups", "quiet"), kind), "q8_why": repr(why)}
+
+
+def _where_to_look(rng: random.Random) -> dict:
+    """Q9: the symptoms after a launch point at cache pressure (preemptions), at mixed steps (an ITL
+    tail) or at the load (a growing queue with a roomy cache)."""
+    kind = rng.choice(["cache", "budget", "load"])
+    symptoms = {
+        "cache": ("p99 TTFT went from 0.6 s to 5 s and end-to-end latencies doubled. Alone, the same "
+                  "requests are as fast as ever. Under load, `vllm:kv_cache_usage_perc` sits at 1.0 and "
+                  "`vllm:num_preemptions` climbs by hundreds a minute; decode steps take their usual time."),
+        "budget": ("p99 ITL went from 40 ms to 700 ms while the median stayed at 25 ms, and TTFT is as "
+                   "before. The slow gaps fall in steps that carry tokens of the feature's prompts, which "
+                   "run to 20,000 tokens. `vllm:kv_cache_usage_perc` stays under 0.6, with no preemptions."),
+        "load": ("p99 TTFT went from 0.6 s to 5 s and end-to-end latencies grew by about as much. Alone, the "
+                 "same requests are as fast as ever. Under load, `vllm:num_requests_waiting` grows through "
+                 "the evening peak while `vllm:kv_cache_usage_perc` stays under 0.5, with no preemptions; "
+                 "decode steps take their usual time, and ITL is as before. The feature brought 60 % more "
+                 "requests."),
+    }[kind]
+    why = {
+        "cache": ("A cache at 100% with preemptions climbing means running requests are evicted and later "
+                  "recomputed: their work is redone, they queue again, and new requests cannot be admitted, "
+                  "which looks like queueing from outside (TTFT up, E2E up, fast alone). The fix is on the "
+                  "memory side: what the new feature sends (longer prompts, uncapped outputs), a "
+                  "max_num_seqs too high for the cache, or more KV memory (an fp8 KV cache, more GPUs). "
+                  "Mixed-step interference would show as uneven streams (an ITL tail), not preemptions, and "
+                  "a plain overload would leave the cache room and preempt nothing. "),
+        "budget": ("An ITL tail with a steady median, in the steps that carry prompt tokens, is mixed-step "
+                   "interference: every decoding stream waits for each step that computes a big piece of "
+                   "a long prompt. Look at the chunked-prefill budget (max_num_batched_tokens): it bounds "
+                   "how much prompt one step may carry, and here it lets thousands of tokens in. The cache "
+                   "has room and nothing is preempted, so it is not cache pressure, and TTFT is as before, "
+                   "so requests are not queueing. "),
+        "load": ("Requests fast alone but slow under load, with the wait before the first token and the "
+                 "waiting queue growing, are queueing: more requests arrive than the engines admit. The "
+                 "cache stays under half full and nothing is preempted, so it is not cache pressure, and the "
+                 "decode steps and their gaps are as before, so long prompts are not stalling the streams in "
+                 "mixed steps. Compare the arrival rate with what the fleet serves (and what max_num_seqs "
+                 "admits), then add replicas or raise the limit where the TPOT allows. "),
+    }[kind] + {
+        "cache": "Kernels come last: the steps take their usual time, so no kernel got slower.",
+        "budget": ("Kernels come last: the steps without prompt tokens take their usual time, so no kernel "
+                   "got slower; the slow steps are slow because of what they carry."),
+        "load": "Kernels come last: the steps take their usual time, so no kernel got slower.",
+    }[kind]
+    return {"q9_symptoms": symptoms, **_marks("q9", ("budget", "cache", "load"), kind), "q9_why": repr(why)}
+
+
+def _next_step(rng: random.Random) -> dict:
+    """Q10: the fix for stalls in mixed steps follows from what is already in place: chunked prefill off
+    (turn it on), on with a huge budget (lower it), on with a small budget and TTFT at its SLO (split)."""
+    kind = rng.choice(["chunk", "budget", "split"])
+    setup = {
+        "chunk": ("runs with chunked prefill **off**. Its p99 ITL is 450 ms against a median of 24 ms; the "
+                  "slow gaps come in the steps that also carry a long prompt, which take about 20 times "
+                  "longer than the others. TTFT meets its SLO with room to spare."),
+        "budget": ("runs with chunked prefill on and `max_num_batched_tokens = 16384`. Its p99 ITL is 450 ms "
+                   "against a median of 24 ms; the slow gaps come in the steps that carry up to 16,384 "
+                   "tokens of a long prompt, which take about 20 times longer than the others. TTFT meets "
+                   "its SLO with room to spare."),
+        "split": ("runs with chunked prefill on and `max_num_batched_tokens = 512`, under a tight TPOT SLO "
+                  "of 10 ms that a tenth of the requests miss: their streams share many steps with 512-token "
+                  "prompt chunks, which take about 15 ms against 8 ms for the others. The long prompts' p99 "
+                  "TTFT is already at its SLO. The GPUs share a fast fabric."),
+    }[kind]
+    why = {
+        "chunk": ("The slow gaps sit in steps that hold a whole long prompt next to the decodes, and every "
+                  "decoding stream waits for each of them. Chunked prefill with a token budget bounds every "
+                  "step (lesson 06), which removes most of that tail at the cost of a slightly longer TTFT "
+                  "for the long prompts, which has room. With chunking off a prompt is never split across "
+                  "steps, so lowering the budget alone cannot shorten those steps (minengine then refuses a "
+                  "budget below max_model_len, so that every prompt fits in one step). Disaggregation is the "
+                  "step after, worth its operational cost only if a tight TPOT still breaks. "),
+        "budget": ("Chunked prefill is on, but a 16,384-token budget lets a step carry thousands of prompt "
+                   "tokens, and every decoding stream waits for each such step. Lower the budget (to a few "
+                   "hundred or a couple of thousand tokens): each step then carries at most that much "
+                   "prompt, which removes most of the tail at the cost of a longer TTFT for the long "
+                   "prompts, which has room. Chunking is already on, so turning it on changes nothing, "
+                   "and disaggregation is worth its operational cost only once a small budget still breaks "
+                   "a tight TPOT. "),
+        "split": ("Chunking is on and the budget is already small (512 tokens), yet a 10 ms TPOT still "
+                  "breaks in the steps that carry a chunk. A smaller budget would push the long prompts' "
+                  "TTFT past its SLO, which it already sits at (lesson 06: a smaller budget lengthens the "
+                  "long prompt's TTFT). This is where separate prefill and decode pools pay: the decode "
+                  "steps stay pure, and on a fast fabric the KV cache crosses quickly. Chunked prefill is "
+                  "already on, so turning it on is no step. "),
+    }[kind] + ("More GPUs do not shorten a slow step: its length is the prompt tokens it computes, not the "
+               "few decoding streams it also carries.")
+    return {"q10_setup": setup, **_marks("q10", ("chunk", "budget", "split"), kind), "q10_why": repr(why)}
+
+
 def params(seed: int) -> dict:
     rng = random.Random(f"quiz5_final/{seed}")
     return {**_kv_transfer(rng), **_concurrency(rng), **_kv_use(rng), **_token_cost(rng),
-            **_long_answers(rng)}
+            **_long_answers(rng), **_split_or_not(rng), **_place_chips(rng), **_benchmark_plan(rng),
+            **_prompt_statistic(rng), **_diagnosis_stage(rng), **_where_to_look(rng), **_next_step(rng)}
