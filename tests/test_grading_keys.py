@@ -9,9 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import pytest
@@ -167,20 +165,12 @@ def test_a_second_course_seed_still_gives_the_source_full_marks(second_class: di
         assert score.score == score.max_score > 0, score
 
 
-# Quizzes whose multiple-choice keys follow from each course's scenario (params.py marks the right option).
-# The others still have one right option in every course: copied by its text, a public sheet scores there.
-SEEDED_QUIZZES = {"quiz1_two_phases", "quiz2_roofline_latency_kv", "quiz3_batching", "quiz4_prefix_serving",
-                  "quiz5_final"}
+# Every quiz's multiple-choice keys follow from each course's scenario (params.py marks the right option), so
+# a public answer sheet copied by option text earns little in another class.
 COPIED_SHARE_LIMIT = 0.4  # a public sheet may earn this share of a quiz at most (guessing earns ~0.25 of MC)
 
 
-def as_open_hole(assignments: Iterable[str]) -> list[Any]:
-    return [a if a in SEEDED_QUIZZES else pytest.param(a, marks=pytest.mark.xfail(
-        strict=True, reason="issue 38, open: this quiz's right options are the same in every course, so a "
-        "public answer sheet copied by option text scores")) for a in assignments]
-
-
-@pytest.mark.parametrize("assignment", as_open_hole(QUIZZES))
+@pytest.mark.parametrize("assignment", QUIZZES)
 def test_a_public_answer_sheet_is_worth_little_in_another_class(second_class: dict, assignment: str) -> None:
     score = second_class["copied", assignment]
     assert score.score / score.max_score <= COPIED_SHARE_LIMIT, score
@@ -192,7 +182,7 @@ def quiz_points(src: Path) -> dict[str, float]:
             for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")}
 
 
-@pytest.mark.parametrize("assignment", as_open_hole(QUIZZES))
+@pytest.mark.parametrize("assignment", QUIZZES)
 def test_a_public_answer_sheet_earns_little_on_average(assignment: str) -> None:
     """Over many courses, the options a public sheet marks are right in a share of them no larger than the
     limit (numeric keys are seeded, so they count as wrong): one class's luck aside."""
