@@ -181,14 +181,14 @@ def test_simulate_scores_goodput_and_the_cache_reuses_a_run() -> None:
     assert ps.simulate_cached(ShortestFirst, FAMILY) == got
     scored = {"family": FAMILY,
               "goodput": {"prefill_first": 0.5 * got["goodput"], "decode_first": got["goodput"],
-                                            "reference": 2 * got["goodput"]}}
+                                            "tuned": 2 * got["goodput"]}}
     figures: dict = {}
     ps.expect_beats(ShortestFirst, [scored], "prefill_first", figures)
     with pytest.raises(ph.PolicyFailure, match="not above decode_first"):
         ps.expect_beats(ShortestFirst, [scored], "decode_first", figures)
-    with pytest.raises(ph.PolicyFailure, match="95% of the reference"):
-        ps.expect_near_reference(ShortestFirst, scored, figures)
-    assert figures["ratio_to_reference"] == pytest.approx(0.5)
+    with pytest.raises(ph.PolicyFailure, match="90% of the tuned baseline's"):
+        ps.expect_near_tuned(ShortestFirst, scored, figures)
+    assert figures["ratio_to_tuned"] == pytest.approx(0.5)
 
 
 def test_grading_helpers_in_a_policy_are_found_and_the_interface_is_not() -> None:
@@ -232,11 +232,11 @@ def test_results_json_while_autograding_and_the_leaderboard(tmp_path, monkeypatc
         with ps.graded("limits"):
             pass
         with pytest.raises(ph.PolicyFailure), ps.graded("quality_bursty") as figures:
-            figures["ratio_to_reference"] = ratio
+            figures["ratio_to_tuned"] = ratio
             raise ph.PolicyFailure("too slow")
     data = json.loads((folder / ph.RESULTS_FILE).read_text())
     assert data["parts"]["quality_bursty"] == {"passed": False, "message": "too slow",
-                                               "ratio_to_reference": 1.1}
+                                               "ratio_to_tuned": 1.1}
     rows = ps.leaderboard(tmp_path / "course")
     assert [r["student"] for r in rows] == ["bob", "alice"] and rows[0]["properties_passed"] == 1
     assert ps.main(["leaderboard", str(tmp_path / "course"), "--csv", str(tmp_path / "board.csv")]) == 0

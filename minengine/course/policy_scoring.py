@@ -1,7 +1,8 @@
 """Lab 2's simulator side: workload families, goodput under SLOs, the blindness probe, the leaderboard.
 
-Generic like ``policy_harness`` (which runs and guards the policy): the families' parameters, the
-baselines' and the reference's goodput come from the lab's ``params.py`` per course seed.
+Generic like ``policy_harness`` (which runs and guards the policy): the families' parameters and the
+goodput of the baselines (prefill-first, decode-first and a tuned baseline, the best of a grid of simple
+fair policies on each family) come from the lab's ``params.py`` per course seed.
 
 * ``family_workload`` builds a family's requests; each asks for ``max_tokens`` (what the scheduler sees)
   and really generates a share of it, hidden in the simulator (``RequestSpec.max_tokens``).
@@ -135,7 +136,7 @@ def check_blind_cached(factory: Any, family: dict[str, Any]) -> None:
 def expect_beats(factory: Any, scored: Sequence[dict[str, Any]], baseline: str,
                  figures: dict[str, Any]) -> None:
     """Higher goodput than ``baseline`` (by 1%) on every family; ``scored``: params.py's families with the
-    baselines' and the reference's goodput."""
+    baselines' goodput."""
     short = []
     for s in scored:
         fam = s["family"]
@@ -148,20 +149,22 @@ def expect_beats(factory: Any, scored: Sequence[dict[str, Any]], baseline: str,
         raise PolicyFailure(f"goodput not above {baseline}'s on: {'; '.join(short)}")
 
 
-def expect_near_reference(factory: Any, scored: dict[str, Any], figures: dict[str, Any],
-                          share: float = 0.95) -> None:
-    """At least ``share`` of the reference's goodput on one family."""
+def expect_near_tuned(factory: Any, scored: dict[str, Any], figures: dict[str, Any],
+                      share: float = 0.9) -> None:
+    """At least ``share`` of the tuned baseline's goodput on one family (params.py tunes a grid of simple
+    fair policies on it; the published solution is not the bar)."""
     fam, want = scored["family"], scored["goodput"]
     check_blind_cached(factory, fam)
     got = simulate_cached(factory, fam)
-    ratio = got["goodput"] / want["reference"]
-    figures.update(got, ratio_to_reference=ratio, **{f"{k}_goodput": v for k, v in want.items()})
+    ratio = got["goodput"] / want["tuned"]
+    figures.update(got, ratio_to_tuned=ratio, **{f"{k}_goodput": v for k, v in want.items()})
     if ratio < share:
         raise PolicyFailure(f"{fam['name']}: goodput {got['goodput']:.2f} req/s "
                             f"({100 * got['slo_attainment']:.0f}% of requests within TTFT "
                             f"{fam['slo']['ttft']:g} ms and TPOT {fam['slo']['tpot']:g} ms); decode-first "
                             f"{want['decode_first']:.2f}, prefill-first {want['prefill_first']:.2f}; full "
-                            f"marks from {share:.0%} of the reference's {want['reference']:.2f}")
+                            f"marks from {share:.0%} of the tuned baseline's {want['tuned']:.2f} "
+                            f"({scored.get('tuned', 'a simple policy tuned for this workload')})")
 
 
 # -------------------------------------------------------------------------------------- own code only
@@ -231,12 +234,13 @@ def record(part: str, passed: bool, path: str | Path = RESULTS_FILE, **figures: 
 
 
 def leaderboard(course_dir: str | Path, assignment: str = "lab2_batching_scheduler") -> list[dict[str, Any]]:
-    """One row per autograded submission: goodput / reference per family and their mean, best first."""
+    """One row per autograded submission: goodput / the tuned baseline's per family and their mean, best
+    first."""
     rows = []
     for path in sorted(Path(course_dir).glob(f"autograded/*/{assignment}/{RESULTS_FILE}")):
         parts = json.loads(path.read_text())["parts"]
-        ratios = {p.removeprefix("quality_"): v.get("ratio_to_reference", 0.0) for p, v in parts.items()
-                  if p.startswith("quality_") and "ratio_to_reference" in v}
+        ratios = {p.removeprefix("quality_"): v.get("ratio_to_tuned", 0.0) for p, v in parts.items()
+                  if p.startswith("quality_") and "ratio_to_tuned" in v}
         rows.append({"student": path.parent.parent.name, **ratios,
                      "mean_ratio": sum(ratios.values()) / len(ratios) if ratios else 0.0,
                      "properties_passed": sum(v["passed"] for p, v in parts.items()
