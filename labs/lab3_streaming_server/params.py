@@ -82,4 +82,8 @@ def params(seed: int) -> dict[str, Any]:
         "bad_requests": _bad_requests(rng),
         "client_prompt": rng.choice(LONG_STORIES),
         "client_max_tokens": rng.randint(12, 24),
+        # drawn last, so the earlier cells' values stay what they were for a class already released
+        "load_prompts": [f"{rng.choice(OPENERS)}, {rng.choice(['and', 'but', 'so'])} {i}"
+                         for i in range(rng.randint(6, 10))],
+        "load_max_tokens": rng.randint(8, 16),
     }

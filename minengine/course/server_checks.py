@@ -379,3 +379,44 @@ def check_client(measure: Callable[..., Any], ref: ServerProcess, prompt: str, m
     mean, server_mean = sum(itl) / max(1, len(itl)), sum(server_itl) / max(1, len(server_itl))
     assert abs(mean - server_mean) <= itl_tolerance * server_mean + 0.005, \
         f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"
+
+
+def check_load(measure_load: Callable[..., Any], ref: ServerProcess, prompts: list[str], max_tokens: int = 12,
+               delay: float = 0.05, ttft_tolerance: float = 0.5, itl_tolerance: float = 0.2) -> None:
+    """The learner's load client against the reference server (steps slowed by ``delay``): one result per
+    prompt, in order; the requests really ran at the same time (every one reached the engine before the
+    first finished); and, taken together, the TTFTs and ITLs agree with the engine's records of those
+    requests (sorted TTFTs pairwise within ``ttft_tolerance`` s and never more than 5 ms early, mean ITL
+    within ``itl_tolerance`` relative + 5 ms)."""
+    ref.control("delay", seconds=delay)
+    try:
+        got = measure_load(ref.url(TINY), TINY, list(prompts), max_tokens)
+    finally:
+        ref.control("delay", seconds=0)
+    assert isinstance(got, list) and len(got) == len(prompts), \
+        f"measure_load should return one result per prompt ({len(prompts)}), got {got!r:.100}"
+    for i, one in enumerate(got):
+        assert isinstance(one, dict) and "ttft_s" in one and "itl_s" in one, \
+            f"result {i} should be measure_stream's dict with 'ttft_s' and 'itl_s', got {one!r:.100}"
+    records = ref.control("records", last=len(prompts))
+    arrivals = sorted(r["arrival_time"] for r in records)
+    first_finish = min(r["token_times"][-1] for r in records)
+    assert arrivals[-1] < first_finish, \
+        (f"the engine received the last of the {len(prompts)} requests {arrivals[-1] - arrivals[0]:.2f} s "
+         "after the first, when the first had already finished: they ran one after another, not at the same "
+         "time. Start every stream before waiting for any of them (threads, or asyncio)")
+    server_ttfts = sorted(r["token_times"][0] - r["arrival_time"] for r in records)
+    client_ttfts = sorted(float(one["ttft_s"]) for one in got)
+    for mine, engine in zip(client_ttfts, server_ttfts, strict=True):
+        assert engine - 0.005 <= mine <= engine + ttft_tolerance, \
+            (f"sorted, your TTFTs are {[round(t, 3) for t in client_ttfts]} s and the engine's "
+             f"{[round(t, 3) for t in server_ttfts]} s: each of yours may be longer (the trip to the "
+             f"server, a busy client) by at most {ttft_tolerance} s, never shorter")
+    server_gaps = [later - earlier for r in records
+                   for earlier, later in zip(r["token_times"], r["token_times"][1:], strict=False)]
+    gaps = [float(g) for one in got for g in one["itl_s"]]
+    assert abs(len(gaps) - len(server_gaps)) <= len(prompts), \
+        f"{len(gaps)} inter-token gaps in all, but the engine's records have {len(server_gaps)}"
+    mean, server_mean = sum(gaps) / max(1, len(gaps)), sum(server_gaps) / max(1, len(server_gaps))
+    assert abs(mean - server_mean) <= itl_tolerance * server_mean + 0.005, \
+        f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"
