@@ -15,6 +15,7 @@ whole is checked there instead, once (``tests/conftest.py``): the same checks an
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -93,6 +94,8 @@ def failed_claims(nb: nbformat.NotebookNode) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
 def test_notebook_is_committed_clean(path: Path) -> None:
     """Outputs, counts and widget state belong to a learner's copy, never to the repository."""
+    raw = json.loads(path.read_text())  # nbformat.read would add missing cell ids and hide them
+    assert all("id" in c for c in raw["cells"]), f"{path.name}: a cell without an id (nbformat 4.5 needs one)"
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     assert "widgets" not in nb.metadata, f"{path.name}: widget state saved in the notebook metadata"

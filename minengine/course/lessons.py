@@ -279,21 +279,6 @@ class PrefillPoint:
     runs: list[float] = field(default_factory=list)
 
 
-def measure_prefill(llm: Any, lengths: Sequence[int], repeats: int = 3, vocab: int = SHIPPED_VOCAB,
-                    progress: bool = True) -> list[PrefillPoint]:
-    """Forward time of one prompt of each length, alone in the engine (one token generated)."""
-    rng = random.Random(0)
-    params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0)
-    points = []
-    for n in tqdm(lengths, desc="prefill", disable=not progress):
-        runs = []
-        for _ in range(repeats):
-            result = run_requests(llm, [WorkRequest(0.0, random_prompt(n, rng, vocab), params)])
-            runs.append(sum(s.t_forward for s in result.steps if s.num_prefill_tokens))
-        points.append(PrefillPoint(n, min(runs), runs))
-    return points
-
-
 @dataclass
 class DecodePoint:
     batch: int
