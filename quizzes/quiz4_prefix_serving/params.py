@@ -135,7 +135,7 @@ def _manual_hits(rng: random.Random) -> dict:
     layout = {
         "hits": "the same 6,000-token manual followed by the user's question (about 50 tokens)",
         "misses": ("a line with the user's name and plan (about 20 tokens), then the same 6,000-token "
-                   "manual, then the user's question (about 50 tokens)"),
+                   "manual, then the user's question (about 50 tokens; most users ask one question a day)"),
     }[kind]
     why = {
         "hits": ("The manual opens every prompt, so a request finds the manual's blocks in the cache and "
@@ -144,9 +144,9 @@ def _manual_hits(rng: random.Random) -> dict:
         "misses": ("The cache matches blocks from the start of the prompt, and each block's hash includes "
                    "the one before it. Here the first block holds the user's own line, so it differs from "
                    "user to user, and every later block misses with it, manual and all: the hit rate stays "
-                   "near zero (only a user's own follow-ups could hit), every request prefills all ~6,070 "
-                   "tokens as before, and neither TTFT nor ITL moves. Putting the user's line after the "
-                   "manual would fix it. "),
+                   "near zero (only a user's own later questions could hit, and most users ask one), every "
+                   "request prefills all ~6,070 tokens as before, and neither TTFT nor ITL moves. Putting "
+                   "the user's line after the manual would fix it. "),
     }[kind] + ("Decode is untouched by caching either way: every step reads the weights and the sequence's "
                "whole KV cache, cached tokens included, since attention looks at every earlier token, so "
                "ITL stays where it was. Shared blocks can save memory while several requests use them at "
