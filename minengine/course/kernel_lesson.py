@@ -234,7 +234,8 @@ def measure_kernels(sizes: KernelSizes, threads: int | None = None, progress: bo
         # held a core during the sum's passes. More passes (fastest kept) let the sum show its real rate;
         # a GEMV that really beats it (weights left in a cache) still does after them.
         for _ in range(EXTRA_PASSES):
-            if run_so_far().fastest_gemv.bytes_per_s <= NOISE * run_so_far().best_read.bytes_per_s:
+            run = run_so_far()
+            if run.fastest_gemv.bytes_per_s <= NOISE * run.best_read.bytes_per_s:
                 break
             bar.total += len(jobs)
             one_pass(keep=True)

@@ -110,6 +110,12 @@ def load_params(folder: Path, seed: int | str) -> dict[str, Any]:
     return values
 
 
+def option_marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict[str, str]:
+    """A params.py helper: the marks of one seeded choice list, ``{prefix}_{kind}`` set to 'x' on the
+    option the course's scenario makes right and ' ' on the others (see :func:`resolve_seeded_marks`)."""
+    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
+
+
 def resolve_seeded_marks(cells: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
     """The cells with every ``* [@@name@@]`` option mark replaced by this seed's ``[x]`` or ``[ ]``."""
 

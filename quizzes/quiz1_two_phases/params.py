@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import random
 
+from minengine.course.templating import option_marks as _marks
+
 # name, dense BF16 TFLOP/s, HBM bandwidth TB/s, memory GB
 GPUS = [
     ("A100 80GB SXM", 312, 2.04, 80),
@@ -34,11 +36,6 @@ MODELS = [
 
 
 H100_TFLOPS, H100_TBPS = 989, 3.35
-
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
 
 
 def _gpu_swap(rng: random.Random) -> dict:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import random
 
+from minengine.course.templating import option_marks as _marks
+
 # name, dense BF16 TFLOP/s, bandwidth TB/s
 GPUS = [
     ("A100 80GB SXM", 312, 2.04),
@@ -47,11 +49,6 @@ MODELS = [
     ("Llama-3.2-3B", 28, 3072, 24, 8, 128),
 ]
 KV_DTYPES = [("bf16", 2), ("fp8", 1)]
-
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
 
 
 def _ridge_move(rng: random.Random) -> dict:

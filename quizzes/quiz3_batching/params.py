@@ -14,11 +14,7 @@ from __future__ import annotations
 import math
 import random
 
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
-
+from minengine.course.templating import option_marks as _marks
 
 # Q2's step records: (batch, step ms) of an 8B model in bf16 on a simulated H100, short contexts
 Q2_STEPS = [(1, 6.2), (32, 6.6), (64, 7.1), (128, 8.3), (256, 13.9), (512, 26.5)]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 
+from minengine.course.templating import option_marks as _marks
+
 BLOCK = 16
 
 
@@ -83,11 +85,6 @@ def _top_k(rng: random.Random) -> dict:
                    f"stable part goes first and the documents after it."),
     }
 
-
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
 
 
 Q2_PROMPT = 3000  # tokens of the old system prompt; its last partial block was never cached

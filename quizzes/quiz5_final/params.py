@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import random
 
+from minengine.course.templating import option_marks as _marks
+
 # name, KV cache dtype, KiB per token (2 x layers x KV heads x head_dim x bytes / 1024)
 KV_MODELS = [
     ("Llama-3.1-8B", "bf16", 128),
@@ -178,11 +180,6 @@ def _long_answers(rng: random.Random) -> dict:
                     "reports are writing. On an instance of their own the chats' steps read the weights "
                     "and their own short caches only."),
     }
-
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
 
 
 # Q1: an 8B model's KV cache in bf16 (Llama-3.1-8B: 128 KiB per token), the documents' prompts, the slow link

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import random
 
+from minengine.course.templating import option_marks as _marks
+
 
 def tokens_per_step(a: float, k: int) -> float:
     """Mean tokens a verify step yields: the kept drafts plus the model's own token."""
@@ -82,11 +84,6 @@ def _speedup_large_batch(rng: random.Random) -> dict:
                    f"arithmetic. Speedup = {t:.3f} / {r:g} = {key:g}, {verdict}. At high load the batch "
                    "already spends the arithmetic that speculation would have used."),
     }
-
-
-def _marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict:
-    """The option marks of one seeded choice list: 'x' on the option this scenario makes right."""
-    return {f"{prefix}_{k}": ("x" if k == right else " ") for k in kinds}
 
 
 def _verify_outcome(rng: random.Random) -> dict:
