@@ -338,8 +338,8 @@ def test_a_student_who_attacks_the_grader_scores_zero(graded: dict, assignment: 
 KNOWN_HOLES = [(a, p.stem) for a in SOURCES for p in sorted((FIXTURES / a / "known_holes").glob("*.txt"))]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 38, open: lab 2's and lab 3's test cells still run in the "
-                   "student's kernel (lab 1's run in the grader), so an answer cell that replaces their "
+@pytest.mark.xfail(strict=True, reason="issue 38, open: lab 3's test cells still run in the student's "
+                   "kernel (lab 1's and lab 2's run in the grader), so an answer cell that replaces their "
                    "checks passes them with junk (the sandbox keeps it from any key, not from the points)")
 @pytest.mark.parametrize(("assignment", "attack"), KNOWN_HOLES)
 def test_a_known_hole_scores_zero(graded: dict, assignment: str, attack: str) -> None:

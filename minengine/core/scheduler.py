@@ -215,9 +215,7 @@ class Scheduler:
                 if num_needed == 1 and start >= req.num_prompt_tokens:  # a decode: not req.is_prefill
                     if prefill_scheduled and not decode_with_prefill:
                         continue
-                    if policy_sizes and not self._policy_tokens(req, 1, budget):
-                        continue
-                    num_new = 1
+                    num_new = 1  # a decode's one token: the policy sizes prompt work only
                     drafts = req.spec_token_ids
                     if drafts:  # speculative decoding: drafts ride along, as far as budget and length allow
                         drafts = drafts[: min(budget - 1, req.max_num_tokens - len(req.token_ids) - 1)]

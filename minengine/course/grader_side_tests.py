@@ -9,7 +9,10 @@ test cell runs in the grader instead, and each name the cell uses but does not d
 whose calls run there, on JSON arguments, and come back as JSON values. Everything else, the hidden
 cases, their expected numbers and the checks themselves, stays in the grader: the kernel never sees a
 hidden test, and nothing the student runs can change how it is judged. What the kernel can still do is
-return any value it likes, which is exactly what the question asks of it.
+return any value it likes, which is exactly what the question asks of it. Lab 2's cells name a *class*,
+the student's scheduling policy, whose methods are called thousands of times a run: it is served from the
+kernel over a socket instead (``policy_bridge``, which this module connects to the kernel), and what the
+policy may reach is read with lab 2's rules (:func:`policy_findings`).
 
 A test cell opts in with :data:`MARKER` in its source (nbgrader restores test cells from the gradebook,
 so a student cannot add or remove it). In JupyterLab the same cell runs in the kernel as before, so a
@@ -28,11 +31,24 @@ import builtins
 import contextlib
 import io
 import json
+import os
 import queue
+import socket
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
+
+from minengine.course.policy_bridge import (
+    CONNECT_S,
+    SOCKET_NAME,
+    BridgeError,
+    Connect,
+    PolicyBridge,
+    serve_code,
+)
 
 MARKER = "# (autograde runs this cell in the grader, calling your functions in your kernel)"
 # Names that reach for minengine's implementation (or import machinery that could) inside an answer.
@@ -115,7 +131,7 @@ def kernel_call(request: str) -> None:
             if name not in namespace:
                 answer[name] = {"missing": True}
             elif callable(namespace[name]):
-                answer[name] = {"callable": True}
+                answer[name] = {"callable": True, "is_class": isinstance(namespace[name], type)}
             else:
                 try:
                     answer[name] = {"value": _plain(namespace[name])}
@@ -162,13 +178,22 @@ def _answer_source(source: str) -> str:
     return "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines())
 
 
-def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
+def _flagged_import(module: str) -> bool:
+    return module.split(".")[0] in FLAGGED_IMPORTS
+
+
+def reference_findings(answer_sources: Iterable[str], flagged_names: set[str] | None = None,
+                       flagged_import: Callable[[str], bool] = _flagged_import,
+                       flagged_text: str = "minengine",
+                       flagged_dunder: Callable[[str], bool] = lambda attr: True) -> dict[str, list[str]]:
     """For each name the answer cells bind at top level, what it reaches that is not the learner's own:
     minengine, the grading helpers, import machinery, or a dynamic way round this reading
-    (:data:`DYNAMIC_NAMES`). A ``def`` is judged by its own body and the answer functions it calls; any
-    other binding by its whole cell; anything dynamic at a cell's top level (it could bind any name)
-    counts against every name. Empty lists: the learner's own code."""
-    flagged_names = REFERENCE_NAMES | DYNAMIC_NAMES
+    (:data:`DYNAMIC_NAMES`). A ``def`` (or ``class``) is judged by its own body and the answer functions
+    it calls; any other binding by its whole cell; anything dynamic at a cell's top level (it could bind
+    any name) counts against every name. Empty lists: the learner's own code. The defaults are lab 1's
+    rules; :func:`policy_findings` gives lab 2's."""
+    if flagged_names is None:
+        flagged_names = REFERENCE_NAMES | DYNAMIC_NAMES
 
     def findings_in(node: ast.AST) -> list[str]:
         found = []
@@ -177,12 +202,14 @@ def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
                     else None)
             if name in flagged_names:
                 found.append(repr(name))
-            if isinstance(sub, ast.Attribute) and sub.attr.startswith("__"):
+            if isinstance(sub, ast.Attribute) and sub.attr.startswith("__") and flagged_dunder(sub.attr):
                 found.append(repr(sub.attr))
-            if isinstance(sub, ast.Import | ast.ImportFrom):
-                modules = [a.name for a in sub.names] if isinstance(sub, ast.Import) else [sub.module or ""]
-                found += [f"import {m}" for m in modules if m.split(".")[0] in FLAGGED_IMPORTS]
-            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and "minengine" in sub.value:
+            if isinstance(sub, ast.Import):
+                found += [f"import {a.name}" for a in sub.names if flagged_import(a.name)]
+            elif isinstance(sub, ast.ImportFrom):  # `from a import b` is judged as a.b
+                found += [f"import {sub.module}.{a.name}" for a in sub.names
+                          if flagged_import(f"{sub.module or ''}.{a.name}")]
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and flagged_text in sub.value:
                 found.append(f"the string {sub.value!r}")
         return sorted(set(found))
 
@@ -196,7 +223,7 @@ def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
             continue
         cell_findings = findings_in(tree)
         for stmt in tree.body:
-            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 defs[stmt.name] = stmt
                 own[stmt.name] = findings_in(stmt)
             elif isinstance(stmt, ast.Import | ast.ImportFrom):
@@ -224,6 +251,31 @@ def reference_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
                 stack += [n.id for n in ast.walk(body) if isinstance(n, ast.Name) and n.id in own]
         result[name] = sorted(found)
     return result
+
+
+# Lab 2: a policy may build on the scheduling interface (minengine.core: SchedulingPolicy, the built-in
+# policies, which score as the baselines they are), never on the grading helpers or the simulator, nor
+# search the kernel's frames or modules for them.
+POLICY_NAMES = {"course", "sim", "Simulator", "policy_scoring", "policy_harness", "autocheck", "grading",
+                "__import__", "importlib", "import_module"} | (DYNAMIC_NAMES - {"getattr", "setattr"})
+
+
+# Dunder attributes that lead out of a policy's own objects (a class's __init__ or __name__ does not).
+POLICY_DUNDERS = {"__globals__", "__builtins__", "__subclasses__", "__import__", "__code__", "__closure__",
+                  "__func__", "__self__", "__dict__", "__getattribute__", "__loader__", "__spec__",
+                  "__traceback__", "__frame__"}
+
+
+def _flagged_policy_import(module: str) -> bool:
+    if module == "minengine.core" or module.startswith("minengine.core."):
+        return False
+    return module.split(".")[0] in FLAGGED_IMPORTS
+
+
+def policy_findings(answer_sources: Iterable[str]) -> dict[str, list[str]]:
+    """:func:`reference_findings` with lab 2's rules (what ``require_own_policy`` says in the grader)."""
+    return reference_findings(answer_sources, POLICY_NAMES, _flagged_policy_import, "minengine",
+                              lambda attr: attr in POLICY_DUNDERS)
 
 
 class KernelFunction:
@@ -305,23 +357,29 @@ def request_code(request: dict[str, Any]) -> str:
 
 
 def run_test_cell(source: str, ask_kernel: Callable[[dict[str, Any]], dict[str, Any]],
-                  findings: dict[str, list[str]]) -> list[dict[str, Any]]:
+                  findings: dict[str, list[str]], bridge: PolicyBridge | None = None
+                  ) -> list[dict[str, Any]]:
     """Run one test cell's trusted source in this process, with its free names from the kernel; return
     the outputs a kernel would have written (stdout, and an error output when a check failed, which
-    nbgrader scores 0)."""
+    nbgrader scores 0). With a ``bridge`` (lab 2), a class the cell takes from the kernel is the
+    student's policy: the bridge serves it from the kernel while the cell runs."""
     namespace: dict[str, Any] = {"__name__": "__grader__", "__builtins__": builtins}
     outputs: list[dict[str, Any]] = []
     stdout = io.StringIO()
     try:
         names = free_names(source)
         described = ask_kernel({"describe": names}).get("names", {}) if names else {}
+        served = []
         for name in names:
             info = described.get(name, {})
-            if info.get("callable"):
+            if info.get("is_class") and bridge is not None:
+                served.append(namespace.setdefault(name, bridge.factory(name)))
+            elif info.get("callable"):
                 namespace[name] = KernelFunction(name, ask_kernel, findings.get(name, []))
             elif "value" in info:
                 namespace[name] = rebuild(info["value"])
-        with contextlib.redirect_stdout(stdout):
+        serving = bridge.serving(served) if bridge else contextlib.nullcontext()
+        with contextlib.redirect_stdout(stdout), serving:
             exec(compile(source, "<test cell>", "exec"), namespace)  # noqa: S102 - the instructor's source
     except Exception as e:  # noqa: BLE001 - any failure scores the cell 0, with its message
         if stdout.getvalue():
@@ -341,13 +399,11 @@ def is_grader_side(cell: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------ nbgrader's Execute step
-async def ask_kernel(client: Any, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Send one request to the kernel nbclient is running (``client``: the Execute step) and read its
-    reply line; past ``timeout`` seconds the kernel is interrupted and the call fails, as a cell would."""
+async def wait_for_reply(client: Any, msg_id: str, timeout: float) -> tuple[str, str | None]:
+    """The stdout and error (if any) of the kernel's run of ``msg_id``, read until the kernel is idle;
+    past ``timeout`` seconds the kernel is interrupted and TimeoutError raised, as for a cell."""
     from jupyter_core.utils import ensure_async
 
-    msg_id = await ensure_async(client.kc.execute(request_code(request), store_history=False,
-                                                  allow_stdin=False))
     text, error = [], None
     deadline = time.monotonic() + timeout
     while True:
@@ -372,21 +428,103 @@ async def ask_kernel(client: Any, request: dict[str, Any], timeout: float) -> di
         while (await ensure_async(client.kc.shell_channel.get_msg(timeout=5)))["parent_header"].get(
                 "msg_id") != msg_id:
             pass
+    return "".join(text), error
+
+
+async def ask_kernel(client: Any, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Send one request to the kernel nbclient is running (``client``: the Execute step) and read its
+    reply line; past ``timeout`` seconds the kernel is interrupted and the call fails, as a cell would."""
+    from jupyter_core.utils import ensure_async
+
+    msg_id = await ensure_async(client.kc.execute(request_code(request), store_history=False,
+                                                  allow_stdin=False))
+    text, error = await wait_for_reply(client, msg_id, timeout)
     if error is not None:
         return {"error": f"the grader's call failed in your kernel ({error}): was its code replaced?"}
-    return read_reply("".join(text).splitlines())
+    return read_reply(text.splitlines())
+
+
+def kernel_bridge(client: Any, timeout: float, findings: dict[str, list[str]]) -> PolicyBridge:
+    """The bridge to the kernel nbclient runs (``client``: the Execute step): a cell's ``connect``
+    listens on a socket in the kernel's private folder (bound into the sandbox at the same path), has the
+    kernel run :func:`serve_policies` and connect; when the cell is done, it closes the socket and waits
+    for the kernel to be idle, interrupting it first if a call timed out (the policy is still running)."""
+    from jupyter_core.utils import ensure_async, run_sync
+
+    async def interrupt() -> None:
+        await ensure_async(client.km.interrupt_kernel())
+
+    return PolicyBridge(kernel_connect(client, timeout), findings, run_sync(interrupt))
+
+
+def kernel_connect(client: Any, timeout: float) -> Connect:
+    """``PolicyBridge``'s ``connect`` for the kernel nbclient runs (see :func:`kernel_bridge`)."""
+    from jupyter_core.utils import ensure_async, run_sync
+
+    @contextlib.contextmanager
+    def connect() -> Iterator[socket.socket]:
+        private = getattr(client.km, "private_dir", None)
+        folder = Path(private) if private else Path(tempfile.mkdtemp(prefix="minengine-bridge-"))
+        path = folder / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        os.chmod(path, 0o700)
+        server.listen(1)
+        server.settimeout(CONNECT_S)
+
+        async def start() -> str:
+            return await ensure_async(client.kc.execute(serve_code(str(path)), store_history=False,
+                                                        allow_stdin=False))
+
+        msg_id = run_sync(start)()
+        try:
+            try:
+                sock, _ = server.accept()
+            except TimeoutError:
+                raise BridgeError(f"your kernel did not start serving your policy within {CONNECT_S:g} s "
+                                  "(is it stuck in a loop, or was minengine.course.policy_bridge replaced?)"
+                                  ) from None
+            sock.settimeout(None)
+            with sock:
+                yield sock
+        finally:
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            if not private:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            try:
+                run_sync(wait_for_reply)(client, msg_id, 10.0)  # interrupts the kernel if still busy
+            except TimeoutError:
+                with contextlib.suppress(TimeoutError):
+                    run_sync(wait_for_reply)(client, msg_id, max(10.0, timeout / 6))
+
+    return connect
+
+
+# The notebook being graded in this process and its policy bridge (lab 2): one per notebook, so a
+# policy's simulations are cached across its cells as they were in a kernel, and never across students.
+_current: dict[str, Any] = {"nb": None, "bridge": None}
 
 
 def grader_side_cell(client: Any, cell: Any) -> Any:
     """Run a marked test cell in this process (the Execute step's body for it): its outputs replace the
-    cell's, as a kernel's would."""
+    cell's, as a kernel's would. It runs in the notebook's folder, where a kernel would (lab 2's results
+    file is written there)."""
     from jupyter_core.utils import run_sync
     from nbformat import from_dict
 
     timeout = float(client.timeout or 60)
     answers = [c.source for c in client.nb.cells
                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
-    outputs = run_test_cell(cell.source, lambda req: run_sync(ask_kernel)(client, req, timeout),
-                            reference_findings(answers))
+    if _current["nb"] is not client.nb:
+        _current.update(nb=client.nb, bridge=kernel_bridge(client, timeout, policy_findings(answers)))
+    folder = (client.resources or {}).get("metadata", {}).get("path") or "."
+    with contextlib.chdir(folder):
+        outputs = run_test_cell(cell.source, lambda req: run_sync(ask_kernel)(client, req, timeout),
+                                reference_findings(answers), _current["bridge"])
     cell.outputs = [from_dict(o) for o in outputs]
     return cell

@@ -114,20 +114,26 @@ def check_blind(factory: Any, family: dict[str, Any], min_len: int = 24) -> None
 
 
 # ------------------------------------------------------------------------------------------- scoring
-_SIM_CACHE: dict[tuple[int, str], dict[str, Any]] = {}
-_BLIND_CACHE: dict[tuple[int, str], bool] = {}
+_SIM_CACHE: dict[tuple[Any, str], dict[str, Any]] = {}
+_BLIND_CACHE: dict[tuple[Any, str], bool] = {}
+
+
+def _cache_key(factory: Any, family: dict[str, Any]) -> tuple[Any, str]:
+    # In the grader a policy class is a per-notebook RemotePolicyFactory with its own token (an id could
+    # be reused by the next student's); in a kernel, the class itself.
+    return getattr(factory, "cache_token", None) or id(factory), json.dumps(family, sort_keys=True)
 
 
 def simulate_cached(factory: Any, family: dict[str, Any]) -> dict[str, Any]:
     """``simulate``, once per (policy class, family) in a kernel: several graded cells share one run."""
-    key = (id(factory), json.dumps(family, sort_keys=True))
+    key = _cache_key(factory, family)
     if key not in _SIM_CACHE:
         _SIM_CACHE[key] = simulate(factory, family)
     return _SIM_CACHE[key]
 
 
 def check_blind_cached(factory: Any, family: dict[str, Any]) -> None:
-    key = (id(factory), json.dumps(family, sort_keys=True))
+    key = _cache_key(factory, family)
     if key not in _BLIND_CACHE:
         check_blind(factory, family)
         _BLIND_CACHE[key] = True
@@ -200,7 +206,12 @@ def grading_helper_calls(policy_cls: Any) -> list[str]:
 
 
 def require_own_policy(policy_cls: Any, part: str) -> None:
-    found = grading_helper_calls(policy_cls)
+    """Fail a policy that calls grading helpers or the simulator. In the grader the class is in the
+    student's kernel, so what its answer cell's source reaches is read instead
+    (``grader_side_tests.policy_findings``)."""
+    found = getattr(policy_cls, "grader_findings", None)
+    if found is None:
+        found = grading_helper_calls(policy_cls)
     if found:
         raise PolicyFailure(f"{part}: the policy calls grading helpers or the simulator "
                             f"({'; '.join(found[:3])}). A policy decides from the requests it is given: "
@@ -222,15 +233,30 @@ def graded(part: str) -> Iterator[dict[str, Any]]:
     record(part, True, **figures)
 
 
+# Results recorded in this process, by file: each write is the whole file from here, never what is on
+# disk (the student's kernel can write in the notebook's folder; in the grader, nothing it wrote counts).
+_RESULTS: dict[str, dict[str, Any]] = {}
+
+
 def record(part: str, passed: bool, path: str | Path = RESULTS_FILE, **figures: Any) -> None:
     """Add one graded part's outcome to the results JSON (only while autograding: it is the instructor's)."""
     if os.environ.get("NBGRADER_EXECUTION") != "autograde":
         return
-    path = Path(path)
-    data = (json.loads(path.read_text()) if path.exists()
-            else {"assignment": "lab2_batching_scheduler", "parts": {}})
+    path = Path(path).resolve()
+    data = _RESULTS.setdefault(str(path), {"assignment": "lab2_batching_scheduler", "parts": {}})
     data["parts"][part] = {"passed": bool(passed), **figures}
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=float))
+
+
+def rewrite_results(folder: str | Path) -> None:
+    """After a notebook's kernel is shut down: write its results file once more from what the grader
+    recorded (or remove one the grader never wrote), so nothing the kernel left there is read."""
+    path = (Path(folder) / RESULTS_FILE).resolve()
+    data = _RESULTS.pop(str(path), None)
+    if data is not None:
+        path.write_text(json.dumps(data, indent=1, sort_keys=True, default=float))
+    else:
+        path.unlink(missing_ok=True)
 
 
 def leaderboard(course_dir: str | Path, assignment: str = "lab2_batching_scheduler") -> list[dict[str, Any]]:
