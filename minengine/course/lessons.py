@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
@@ -288,23 +287,6 @@ class DecodePoint:
     @property
     def tokens_per_s(self) -> float:
         return self.batch / self.step_seconds
-
-
-def measure_decode(llm: Any, batch_sizes: Sequence[int], steps: int = 8, prompt_len: int = 16,
-                   vocab: int = SHIPPED_VOCAB, progress: bool = True) -> list[DecodePoint]:
-    """Time of a decode step with ``batch`` sequences (short prompts, so attention is cheap)."""
-    rng = random.Random(0)
-    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True, temperature=0)
-    points = []
-    for b in tqdm(batch_sizes, desc="decode", disable=not progress):
-        work = [WorkRequest(0.0, random_prompt(prompt_len, rng, vocab), params) for _ in range(b)]
-        result = run_requests(llm, work)
-        pure = [s for s in result.steps if s.num_decode_seqs == b and not s.num_prefill_tokens]
-        if not pure:
-            raise RuntimeError(f"no pure decode step at batch {b}: raise max_num_seqs / num_blocks")
-        fastest = min(pure, key=lambda s: s.t_forward)
-        points.append(DecodePoint(b, fastest.t_forward, fastest.duration))
-    return points
 
 
 @dataclass
