@@ -370,3 +370,12 @@ def test_sim_speculative_smoke() -> None:
     assert r["table"]["0.6"]["1"] > r["table"]["0.6"]["8"] > 1.0  # pays at batch 1, less at batch 8
     rate = r["acceptance_rate"]  # solves the published mean accepted length
     assert sim_speculative.expected_tokens_per_step(rate, 3) == pytest.approx(2.39, abs=1e-6)
+
+
+def test_policy_bridge_smoke(tmp_path: Path) -> None:
+    from benchmarks import policy_bridge
+
+    rows = policy_bridge.main(["--smoke", "--json", str(tmp_path / "bridge.json")])
+    assert [r["same_goodput"] for r in rows] == [True, True]  # the bridge changes no decision
+    assert all(r["order_calls"] > 0 and r["bridged_s"] > 0 for r in rows)
+    assert (tmp_path / "bridge.json").is_file()

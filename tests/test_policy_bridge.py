@@ -220,3 +220,22 @@ def test_the_notebooks_toy_workload_is_the_one_the_test_cells_use() -> None:
     exec(compile(code, "<lab 2 toy cell>", "exec"), namespace)  # noqa: S102 - the lab's own cell
     assert tuple(namespace["toy"]) == ph.TOY and namespace["TOY_LIMITS"] == ph.TOY_LIMITS
     assert sys.modules["minengine.course.policy_harness"] is ph
+
+
+def test_a_kernel_that_never_serves_fails_each_cell_once_not_each_time_it_waits() -> None:
+    attempts = []
+
+    @contextlib.contextmanager
+    def never_connects() -> Iterator[socket.socket]:
+        attempts.append(1)
+        raise pb.BridgeError("your kernel did not start serving your policy")
+        yield  # pragma: no cover - a generator that never gets here
+
+    bridge = pb.PolicyBridge(never_connects, {})
+    factory = bridge.factory("MyPolicy")
+    for _ in range(3):
+        with pytest.raises(pb.BridgeError, match="did not start serving"), bridge.serving([factory]):
+            pass
+    assert attempts == [1]  # later cells fail at once instead of waiting CONNECT_S each
+    with bridge.serving([]):  # a cell that needs no policy is not affected
+        pass

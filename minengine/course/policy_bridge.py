@@ -6,9 +6,10 @@ that replaced the harness's checks with no-ops passed them with a placeholder po
 kernel) costs a few milliseconds a call, and a graded policy's ``order()`` runs about 15,000 times over the
 four simulated workloads. So lab 2's cells run in the grader the same way, and the policy itself is served
 from the kernel over a Unix socket in the kernel's private folder (which the sandbox shares with the
-grader): about 0.4 ms more per ``order()`` call than in one process (the views' updates included), so the
-largest graded workload simulates in about 3 s instead of 0.6 s. The scheduler asks ``num_new_tokens`` for
-prompt work only, so a policy that sizes chunks adds a few calls a step, not one per running request.
+grader): about 0.3 ms more per ``order()`` call than in one process (the views' updates included), so the
+largest graded workload simulates in about 2.3 s instead of 0.6 s (``benchmarks/policy_bridge.py``). The
+scheduler asks ``num_new_tokens`` for prompt work only, so a policy that sizes chunks adds a few calls a
+step, not one per running request.
 
 The split of what each side holds:
 
@@ -42,11 +43,12 @@ from typing import Any
 
 from minengine.core.policies import SchedulingPolicy
 from minengine.core.request import RequestStatus
+from minengine.course.policy_failure import PolicyFailure
 
 SOCKET_NAME = "policy-bridge.sock"
 CALL_WALL_S = 2.0  # one order() takes well under a millisecond; two seconds of waiting is a loop
 RUN_WALL_S = 60.0  # all the calls of one run together
-CONNECT_S = 30.0  # the kernel starts serving within this
+CONNECT_S = 10.0  # an idle kernel starts serving at once; one that does not, fails every policy cell
 MAX_LINE = 1 << 22  # bytes in one message; a run's biggest order() is a few kilobytes
 
 # Row of a request as sent to the kernel, in this order (RequestView's fields).
@@ -78,21 +80,30 @@ class RequestView:
     """What a scheduling policy sees of a request while graded (the fields the lab lists). Block ids are
     not shown, only how many (``len(block_table)``)."""
 
-    __slots__ = ("request_id", "arrival_time", "num_prompt_tokens", "sampling_params",
-                 "num_computed_tokens", "num_tokens", "num_preemptions", "block_table", "status")
+    __slots__ = ("request_id", "arrival_time", "num_prompt_tokens", "sampling_params", "_computed",
+                 "num_tokens", "num_preemptions", "block_table", "_status")
 
     def __init__(self, request_id: str, row: Sequence[Any]) -> None:
         self.request_id = request_id
         self.update(row)
 
     def update(self, row: Sequence[Any]) -> None:
-        (self.arrival_time, self.num_prompt_tokens, max_tokens, self.num_computed_tokens, self.num_tokens,
+        (self.arrival_time, self.num_prompt_tokens, max_tokens, self._computed, self.num_tokens,
          self.num_preemptions, num_blocks, status) = row
         if getattr(self, "sampling_params", None) is None or self.sampling_params.max_tokens != max_tokens:
             self.sampling_params = SamplingView(max_tokens)
         if len(getattr(self, "block_table", ())) != num_blocks or num_blocks == 0:
             self.block_table = range(num_blocks)
-        self.status = _STATUS[status]
+        self._status = _STATUS[status]
+
+    # Read-only, as the scheduler's own fields are to a policy.
+    @property
+    def num_computed_tokens(self) -> int:
+        return self._computed
+
+    @property
+    def status(self) -> RequestStatus:
+        return self._status
 
     @property
     def num_output_tokens(self) -> int:
@@ -220,8 +231,6 @@ class Connection:
 
     def call(self, message: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """The reply and the seconds it took; a silent, closed or garbled kernel raises."""
-        from minengine.course.policy_harness import PolicyFailure
-
         if self.broken:
             raise PolicyFailure(self.broken)
         start = time.monotonic()
@@ -270,8 +279,6 @@ class RemotePolicy(SchedulingPolicy):
         self.waited_s = 0.0
 
     def _ask(self, op: str, requests: Iterable[Any], **fields: Any) -> dict[str, Any]:
-        from minengine.course.policy_harness import PolicyFailure
-
         update = {}
         for r in requests:
             row = _row(r)
@@ -289,8 +296,6 @@ class RemotePolicy(SchedulingPolicy):
         return reply
 
     def _pick(self, rid: Any, shown: dict[str, Any], method: str) -> Any:
-        from minengine.course.policy_harness import PolicyFailure
-
         if not isinstance(rid, str) or rid not in shown:
             raise PolicyFailure(f"{method}() returned {str(rid)[:60]!r}, which is not one of the requests it "
                                 "was given")
@@ -332,8 +337,6 @@ class RemotePolicyFactory:
         self.connection: Connection | None = None
 
     def __call__(self) -> RemotePolicy:
-        from minengine.course.policy_harness import PolicyFailure
-
         if self.connection is None:
             raise PolicyFailure(f"{self.__name__} is used outside the test cell that received it")
         reply, _ = self.connection.call({"op": "new", "name": self.__name__})
@@ -361,6 +364,7 @@ class PolicyBridge:
         self._interrupt = interrupt  # stops a policy still running after a call timed out
         self.findings = findings
         self.factories: dict[str, RemotePolicyFactory] = {}
+        self.failed: str | None = None  # why the kernel did not connect: later cells fail at once
 
     def factory(self, name: str) -> RemotePolicyFactory:
         if name not in self.factories:
@@ -372,15 +376,21 @@ class PolicyBridge:
         if not factories:
             yield
             return
-        with self._connect() as sock:
-            connection = Connection(sock)
-            for f in factories:
-                f.connection = connection
-            try:
-                yield
-            finally:
+        if self.failed:
+            raise BridgeError(self.failed)
+        try:
+            with self._connect() as sock:
+                connection = Connection(sock)
                 for f in factories:
-                    f.connection = None
-                connection.close()
-                if connection.broken == "__timeout__" and self._interrupt is not None:
-                    self._interrupt()
+                    f.connection = connection
+                try:
+                    yield
+                finally:
+                    for f in factories:
+                        f.connection = None
+                    connection.close()
+                    if connection.broken == "__timeout__" and self._interrupt is not None:
+                        self._interrupt()
+        except BridgeError as exc:  # only connecting raises it: the kernel will not serve this notebook
+            self.failed = str(exc)
+            raise

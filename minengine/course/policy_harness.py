@@ -29,13 +29,10 @@ from typing import Any
 
 from minengine.core.policies import SchedulingPolicy, make_policy
 from minengine.core.request import Request
+from minengine.course.policy_failure import PolicyFailure
 from minengine.utils import cdiv
 
 RESULTS_FILE = "lab2_results.json"
-
-
-class PolicyFailure(AssertionError):
-    """The policy broke a rule or could not finish a run; the message says what and where."""
 
 
 # ---------------------------------------------------------------------------------------------- guard
