@@ -16,13 +16,18 @@ from typing import Any
 
 import pytest
 
-from minengine.core.policies import DecodeFirstPolicy, SchedulingPolicy
+from minengine.core.policies import DecodeFirstPolicy
 from minengine.course import policy_bridge as pb
 from minengine.course import policy_harness as ph
 from minengine.course import policy_scoring as ps
 from minengine.course.grader_side_tests import MARKER, policy_findings, run_test_cell
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.policy_bridge import lab_params  # noqa: E402 - the lab's params.py, loaded once
+
 LAB2 = ROOT / "labs" / "lab2_batching_scheduler"
 SMALL = {"name": "small", "model": "llama-3.1-8b", "gpu": "h100",
          "engine": {"max_model_len": 4096, "max_num_batched_tokens": 256, "max_num_seqs": 16,
@@ -32,29 +37,12 @@ SMALL = {"name": "small", "model": "llama-3.1-8b", "gpu": "h100",
          "seed": 11}
 
 
-class AgingPolicy(SchedulingPolicy):
-    """Smallest job first with aging, chunks capped: state, sorting, a victim rule and chunk sizes."""
-
-    def __init__(self) -> None:
-        self.step, self.first_seen = 0, {}
-
-    def order(self, running: list, waiting: list) -> list:
-        self.step += 1
-        for r in waiting:
-            self.first_seen.setdefault(r.request_id, self.step)
-
-        def size(r: Any) -> float:
-            age = self.step - self.first_seen.get(r.request_id, self.step)
-            return r.num_tokens - r.num_computed_tokens + r.sampling_params.max_tokens - 2.0 * age
-
-        decodes = [r for r in running if not r.is_prefill]
-        return decodes + sorted((r for r in running if r.is_prefill), key=size) + sorted(waiting, key=size)
+class AgingPolicy(lab_params().tuned_policy(2.0, 1.0, 24)):  # type: ignore[misc]
+    """The lab's tuned baseline with chunks capped and its own victim rule: state, sorting, a victim rule
+    and chunk sizes all cross the bridge."""
 
     def select_victim(self, candidates: list) -> Any:
         return min(candidates, key=lambda r: (r.num_computed_tokens, r.num_preemptions, r.request_id))
-
-    def num_new_tokens(self, request: Any, num_needed: int, budget: int) -> int:
-        return min(num_needed, budget, 24)
 
 
 def thread_kernel(namespace: dict[str, Any]) -> pb.Connect:
@@ -219,7 +207,6 @@ def test_the_notebooks_toy_workload_is_the_one_the_test_cells_use() -> None:
     code = "".join(cell["source"]).split("\n\n\ndef show_steps")[0]
     exec(compile(code, "<lab 2 toy cell>", "exec"), namespace)  # noqa: S102 - the lab's own cell
     assert tuple(namespace["toy"]) == ph.TOY and namespace["TOY_LIMITS"] == ph.TOY_LIMITS
-    assert sys.modules["minengine.course.policy_harness"] is ph
 
 
 def test_a_kernel_that_never_serves_fails_each_cell_once_not_each_time_it_waits() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from minengine.core.policies import SchedulingPolicy, make_policy
 from minengine.core.request import Request
+from minengine.course.policy_bridge import CALL_WALL_S
 from minengine.course.policy_failure import PolicyFailure
 from minengine.utils import cdiv
 
@@ -154,8 +155,8 @@ def explain(exc: BaseException, what: str, cpu_s: float, max_steps: int) -> Poli
     text = str(exc)
     if text == "__timeout__":
         return PolicyFailure(f"{what}: the policy was stopped after {CALL_CPU_S:g} s of CPU in one call "
-                             f"(graded: 2 s waiting for it), or {cpu_s:g} s in the run (an infinite loop "
-                             "in order()/select_victim()/num_new_tokens()?)")
+                             f"(graded: {CALL_WALL_S:g} s waiting for it), or {cpu_s:g} s in the run (an "
+                             "infinite loop in order()/select_victim()/num_new_tokens()?)")
     if "scheduled nothing" in text:
         return PolicyFailure(f"{what}: the policy left every request out while work was pending (it stalls): "
                              f"{text}")
