@@ -23,6 +23,7 @@ import pytest
 
 from minengine.course import server_checks as sc
 from minengine.course import server_grader as sg
+from minengine.course.sandbox import sandbox_problem
 
 PLANTED = '''
 import asyncio
@@ -295,3 +296,80 @@ def test_a_runner_does_not_outlive_the_kernel_that_started_it(tmp_path: Path) ->
         time.sleep(0.1)
     os.killpg(pid, 9)
     raise AssertionError("the runner outlived its parent by 20 s")
+
+
+# ------------------------------------------------------------------- while autograding: the grader's side
+needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+
+
+@pytest.fixture
+def grading_session(tmp_path: Path):
+    """Lab 3 as autograde runs it: servers in this process on Unix sockets, the answer sandboxed; the
+    'kernel' relays are opened here (serve_relay), as the learner's kernel opens them while grading."""
+    kernel_dir = tmp_path / "kernel"
+    kernel_dir.mkdir()
+    opened: list[str] = []
+
+    def open_relay(path: str) -> int:
+        opened.append(path)
+        return sg.serve_relay(path)
+
+    sg.begin_grading(sg.GradingSession(kernel_dir, open_relay, sandboxed=sandbox_problem() is None))
+    yield opened
+    sg.end_grading()
+
+
+@needs_sandbox
+def test_while_grading_the_answer_runs_sandboxed_on_a_unix_socket_and_passes_the_checks(
+        tmp_path: Path, grading_session: list[str]) -> None:
+    (tmp_path / "lab3_server.py").write_text(PLANTED)
+    sg.launch(tmp_path / "lab3_server.py", models=(sg.TINY,))  # the tiny model only: quicker to start
+    srv, ref = sg.server(tmp_path / "lab3_server.py"), sg.reference()
+    assert "bwrap" in srv.proc.args and "bwrap" not in ref.proc.args  # only the answer is sandboxed
+    assert srv.url().endswith(".lab3") and isinstance(srv.status()["ports"][sg.TINY], str)  # no TCP port
+    sc.check_sse_framing(srv, "Tell me a story.")
+    sc.check_disconnect(srv, "Once upon a time")
+    with pytest.raises(AssertionError, match="still runs 1 request"):
+        sc.check_disconnect(srv, "Once upon a time IGNORE")
+    pids = [p.proc.pid for p in (srv, ref)]
+    sg.end_grading()  # the notebook is done: nothing of it is left
+    for pid in pids:
+        assert_nothing_left(pid)
+
+
+@needs_sandbox
+def test_while_grading_the_answer_cannot_reach_the_reference_however_it_imports_it(
+        tmp_path: Path, grading_session: list[str]) -> None:
+    """The source reading does not see this import (the import function looked up through a string), so
+    it is the sandbox that stops it: minengine's server package is an empty folder there."""
+    (tmp_path / "lab3_server.py").write_text(
+        "imp = vars(__builtins__)['__imp' + 'ort__'] if not isinstance(__builtins__, dict) "
+        "else __builtins__['__imp' + 'ort__']\n"
+        "mod = imp('minengine.ser' + 'ver', fromlist=['create_app'])\n\n"
+        "def build_app(llm, model_name):\n    return mod.create_app(llm, served_model_name=model_name)\n")
+    assert sg.forbidden_imports((tmp_path / "lab3_server.py").read_text()) == []
+    sg.launch(tmp_path / "lab3_server.py", models=(sg.TINY,))
+    with pytest.raises(sg.ServerProblem, match="has no attribute 'create_app'"):
+        sg.server(tmp_path / "lab3_server.py")
+
+
+def test_while_grading_the_client_is_given_a_relay_to_the_bare_reference(
+        grading_session: list[str]) -> None:
+    """The learner's client gets a plain http:// URL on 'its kernel's' loopback, relayed to the reference's
+    app without the grader's routes; a client that makes up its numbers without asking is found out."""
+    import httpx
+
+    ref = sg.reference((sg.TINY,))
+    url = ref.client_url()
+    assert url.startswith("http://127.0.0.1:") and grading_session == [
+        str(ref.public_dir / sg.public_socket_name(sg.TINY))]
+    assert httpx.get(url + "/__grader__/state", timeout=10).status_code == 404  # control stays private
+    body = {"model": sg.TINY, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    answer = httpx.post(url + "/v1/completions", json=body, timeout=30).json()
+    assert answer["usage"]["completion_tokens"] == 4
+
+    def invented(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
+        return {"ttft_s": 0.06, "itl_s": [0.05] * (max_tokens - 1)}
+
+    with pytest.raises(AssertionError, match="0 request"):
+        sc.check_client(invented, ref, "Once upon a time", max_tokens=8)

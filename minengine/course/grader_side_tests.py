@@ -120,12 +120,17 @@ def _describe_figure(value: Any) -> dict[str, Any]:
 def kernel_call(request: str) -> None:
     """Kernel side of one grader request, answered as one stdout line (:data:`CALL_MARKER` + JSON).
     ``{"describe": [names]}``: which are functions, values or missing; ``{"call": name, "args": [...],
-    "kwargs": {...}}``: call the student's function."""
+    "kwargs": {...}}``: call the student's function; ``{"relay": path}``: open a port relaying to the
+    grader's server on that Unix socket (lab 3's client parts)."""
     import __main__
 
     asked = json.loads(request)
     namespace = vars(__main__)
-    if "describe" in asked:
+    if "relay" in asked:
+        from minengine.course.server_grader import serve_relay
+
+        reply: dict[str, Any] = {"value": serve_relay(asked["relay"])}
+    elif "describe" in asked:
         answer: dict[str, Any] = {}
         for name in asked["describe"]:
             if name not in namespace:
@@ -137,7 +142,7 @@ def kernel_call(request: str) -> None:
                     answer[name] = {"value": _plain(namespace[name])}
                 except TypeError as e:
                     answer[name] = {"unreadable": str(e)}
-        reply: dict[str, Any] = {"names": answer}
+        reply = {"names": answer}
     else:
         try:
             result = namespace[asked["call"]](*asked.get("args", []), **asked.get("kwargs", {}))
@@ -505,8 +510,30 @@ def kernel_connect(client: Any, timeout: float) -> Connect:
     return connect
 
 
-# The notebook being graded in this process and its policy bridge (lab 2): one per notebook, so a
-# policy's simulations are cached across its cells as they were in a kernel, and never across students.
+def servers_session(client: Any, timeout: float) -> Any:
+    """Lab 3's servers for the notebook nbclient runs (``client``): started in this process when a cell
+    asks for them, the answer sandboxed like the kernel; the kernel reaches the reference through a port
+    it opens on its own loopback (``server_grader.serve_relay``)."""
+    from jupyter_core.utils import run_sync
+
+    from minengine.course.server_grader import GradingSession
+
+    private = getattr(client.km, "private_dir", None)
+    folder = Path(private) if private else Path(tempfile.mkdtemp(prefix="minengine-lab3-"))
+
+    def open_relay(path: str) -> int:
+        reply = run_sync(ask_kernel)(client, {"relay": path}, timeout)
+        if not isinstance(reply.get("value"), int):
+            raise BridgeError("your kernel could not open a port to the reference server "
+                              f"({reply.get('error')}): was minengine.course.server_grader replaced?")
+        return reply["value"]
+
+    return GradingSession(folder, open_relay, sandboxed=private is not None, remove_kernel_dir=not private)
+
+
+# The notebook being graded in this process, its policy bridge (lab 2) and its servers' session (lab 3):
+# one per notebook, so a policy's simulations are cached across its cells as they were in a kernel, and
+# nothing is shared across students.
 _current: dict[str, Any] = {"nb": None, "bridge": None}
 
 
@@ -521,7 +548,10 @@ def grader_side_cell(client: Any, cell: Any) -> Any:
     answers = [c.source for c in client.nb.cells
                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
     if _current["nb"] is not client.nb:
+        from minengine.course import server_grader
+
         _current.update(nb=client.nb, bridge=kernel_bridge(client, timeout, policy_findings(answers)))
+        server_grader.begin_grading(servers_session(client, timeout))
     folder = (client.resources or {}).get("metadata", {}).get("path") or "."
     with contextlib.chdir(folder):
         outputs = run_test_cell(cell.source, lambda req: run_sync(ask_kernel)(client, req, timeout),

@@ -145,10 +145,12 @@ def _is_inside(path: Path, folder: Path) -> bool:
 
 
 def bwrap_arguments(workdir: Path, private: Path, env: Mapping[str, str], readable: Iterable[Path],
-                    limits: SandboxLimits) -> list[str]:
+                    limits: SandboxLimits, hidden: Iterable[Path] = ()) -> list[str]:
     """The ``bwrap`` options for one kernel. ``workdir`` (the submission's copy) and ``private`` (the
     kernel's sockets and home) are the only writable folders besides ``/tmp``. A readable path that would
-    show ``workdir``'s parent (the course directory) is refused: the whole point is that it stays hidden."""
+    show ``workdir``'s parent (the course directory) is refused: the whole point is that it stays hidden.
+    Each ``hidden`` folder inside a readable one shows up empty (lab 3's answer does not see
+    ``minengine.server``)."""
     workdir, private = workdir.resolve(), private.resolve()
     args = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
@@ -161,6 +163,8 @@ def bwrap_arguments(workdir: Path, private: Path, env: Mapping[str, str], readab
             raise SandboxError(f"the sandbox would show {path}, which holds the course directory "
                                f"({workdir.parent}): install Python or the course elsewhere")
         args += ["--ro-bind", str(path), str(path)]
+    for folder in hidden:
+        args += ["--tmpfs", str(Path(folder).resolve()), "--remount-ro", str(Path(folder).resolve())]
     args += ["--bind", str(private), str(private), "--bind", str(workdir), str(workdir),
              "--chdir", str(workdir)]
     kept = {k: v for k, v in env.items() if k in ENV_KEEP}
@@ -180,7 +184,7 @@ def bwrap_arguments(workdir: Path, private: Path, env: Mapping[str, str], readab
 
 
 def sandboxed_command(kernel_cmd: list[str], workdir: Path, private: Path, env: Mapping[str, str],
-                      limits: SandboxLimits | None = None) -> list[str]:
+                      limits: SandboxLimits | None = None, hidden: Iterable[Path] = ()) -> list[str]:
     """``kernel_cmd`` under ``prlimit`` and ``bwrap``. Matplotlib's font list is copied into the kernel's
     private folder, so its first plot does not rebuild it (which logs to stderr: a zero in a test cell)."""
     limits = limits or SandboxLimits()
@@ -196,7 +200,7 @@ def sandboxed_command(kernel_cmd: list[str], workdir: Path, private: Path, env: 
     readable = sorted({p for p in readable if not any(_is_inside(p, q) for q in readable if q != p)})
     limit = ["prlimit", f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}",
              f"--fsize={limits.file_bytes}", "--core=0", "--"]
-    return limit + bwrap_arguments(workdir, private, env, readable, limits) + ["--", *kernel_cmd]
+    return limit + bwrap_arguments(workdir, private, env, readable, limits, hidden) + ["--", *kernel_cmd]
 
 
 # --------------------------------------------------------------------------------- nbgrader's side
@@ -258,6 +262,9 @@ def sandboxed_execute_preprocessor() -> type:
             try:
                 return super().preprocess(nb, resources, km)
             finally:  # the kernel is shut down: lab 2's results file holds only what the grader recorded
+                from minengine.course import server_grader
+
+                server_grader.end_grading()  # lab 3's servers for this notebook
                 folder = (resources or {}).get("metadata", {}).get("path")
                 if folder:
                     from minengine.course.policy_scoring import rewrite_results

@@ -22,6 +22,7 @@ import httpx
 from minengine.course.server_grader import SMOL, TINY, ServerProcess
 
 TIMEOUT = httpx.Timeout(20.0, connect=5.0)
+RECORDS_SEEN = 200  # the engine's most recent finished requests a timing check compares before and after
 
 
 @dataclass
@@ -38,11 +39,13 @@ class Stream:
         return [json.loads(e) for e in self.events if e != "[DONE]"]
 
 
-def read_sse(url: str, body: dict[str, Any], timeout: httpx.Timeout = TIMEOUT) -> Stream:
-    """POST ``body`` and read the reply as server-sent events, strictly: UTF-8, ``data:`` lines, blank
-    lines."""
+def read_sse(srv: ServerProcess, model: str, path: str, body: dict[str, Any],
+             timeout: httpx.Timeout = TIMEOUT) -> Stream:
+    """POST ``body`` to ``path`` and read the reply as server-sent events, strictly: UTF-8, ``data:``
+    lines, blank lines."""
+    client = srv.http(model, timeout=timeout)
     start = time.perf_counter()
-    with httpx.Client(timeout=timeout) as client, client.stream("POST", url, json=body) as r:
+    with client, client.stream("POST", path, json=body) as r:
         s = Stream(r.status_code, r.headers.get("content-type", ""))
         buffer = b""
         for piece in r.iter_raw():
@@ -73,12 +76,6 @@ def _event_data(block: bytes) -> str | None:
         raise AssertionError("every SSE event line should start with 'data: ' (then a blank line): "
                              f"{text[:120]!r}")
     return "\n".join(ln[5:].removeprefix(" ") for ln in lines)
-
-
-def _openai(proc: ServerProcess, model: str) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=proc.url(model) + "/v1", api_key="lab3", max_retries=0, timeout=20.0)
 
 
 def _sdk(what: str, create: Callable[..., Any], kw: dict[str, Any], stream: bool = False) -> Any:
@@ -117,7 +114,7 @@ def _messages(prompt: str) -> list[dict[str, str]]:
 def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str],
                       max_tokens: int = 24) -> None:
     """The official openai SDK on /v1/completions, streaming and not: the reference's greedy text."""
-    mine, theirs = _openai(srv, TINY), _openai(ref, TINY)
+    mine, theirs = srv.openai(TINY), ref.openai(TINY)
     for prompt in prompts:
         kw = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         what = f"completions.create(prompt={_short(prompt, 40)})"
@@ -142,7 +139,7 @@ def check_completions(srv: ServerProcess, ref: ServerProcess, prompts: list[str]
 def check_chat(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_tokens: int = 24,
                model: str = TINY) -> None:
     """The official openai SDK on /v1/chat/completions, streaming and not: the reference's greedy text."""
-    mine, theirs = _openai(srv, model), _openai(ref, model)
+    mine, theirs = srv.openai(model), ref.openai(model)
     for prompt in prompts:
         kw = {"model": model, "messages": _messages(prompt), "max_tokens": max_tokens, "temperature": 0}
         what = f"chat.completions.create(user: {_short(prompt, 40)})"
@@ -161,12 +158,11 @@ def check_chat(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_t
 # ---------------------------------------------------------------------------------------- the wire
 def check_sse_framing(srv: ServerProcess, prompt: str, max_tokens: int = 16) -> None:
     """Raw SSE, read byte by byte: data: events, the role first, deltas, one finish_reason, usage, [DONE]."""
-    base = srv.url(TINY)
     for path, chat in (("/v1/chat/completions", True), ("/v1/completions", False)):
         body: dict[str, Any] = {"model": TINY, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                                 "stream_options": {"include_usage": True}}
         body.update({"messages": _messages(prompt)} if chat else {"prompt": prompt})
-        s = read_sse(base + path, body)
+        s = read_sse(srv, TINY, path, body)
         what = f"POST {path} with stream true"
         assert s.status == 200, f"{what}: HTTP {s.status}: {s.body[:200]!r}"
         assert s.content_type.startswith("text/event-stream"), f"{what}: Content-Type {s.content_type!r}, " \
@@ -207,13 +203,13 @@ def check_sse_framing(srv: ServerProcess, prompt: str, max_tokens: int = 16) -> 
 
 def check_utf8(srv: ServerProcess, ref: ServerProcess, prompts: list[str], max_tokens: int = 8) -> None:
     """SmolLM2 (byte-level BPE): characters whose bytes span several tokens arrive whole, streamed and not."""
-    mine, theirs = _openai(srv, SMOL), _openai(ref, SMOL)
+    mine, theirs = srv.openai(SMOL), ref.openai(SMOL)
     for prompt in prompts:
         kw = {"model": SMOL, "messages": _messages(prompt), "max_tokens": max_tokens, "temperature": 0}
         want = theirs.chat.completions.create(**kw).choices[0].message.content or ""
         what = f"SmolLM2, user: {_short(prompt, 40)}"
         _same_text(what, _sdk(what, mine.chat.completions.create, kw).choices[0].message.content or "", want)
-        s = read_sse(srv.url(SMOL) + "/v1/chat/completions", {**kw, "stream": True})  # strict UTF-8 per event
+        s = read_sse(srv, SMOL, "/v1/chat/completions", {**kw, "stream": True})  # strict UTF-8 per event
         assert s.status == 200, f"{what}, streamed: HTTP {s.status}"
         text = "".join((c["choices"][0].get("delta") or {}).get("content") or ""
                        for c in s.chunks() if c.get("choices"))
@@ -230,7 +226,7 @@ def check_no_buffering(srv: ServerProcess, prompt: str, max_tokens: int = 24, de
     """With every engine step slowed by ``delay``, text arrives as it is made, not all at the end."""
     srv.control("delay", seconds=delay)
     try:
-        s = read_sse(srv.url(TINY) + "/v1/completions",
+        s = read_sse(srv, TINY, "/v1/completions",
                      {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                       "stream": True})
     finally:
@@ -255,25 +251,24 @@ def _has_text(event: str) -> bool:
 def check_concurrency(srv: ServerProcess, ref: ServerProcess, prompts: list[str],
                       max_tokens: int = 16) -> None:
     """Many streams at once all complete, each with its own greedy text."""
-    async def one(client: httpx.AsyncClient, base: str, prompt: str, stream: bool) -> str:
+    async def one(client: httpx.AsyncClient, prompt: str, stream: bool) -> str:
         body = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
         if not stream:
-            return (await client.post(base + "/v1/completions", json=body)).json()["choices"][0]["text"]
+            return (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
         text = ""
-        async with client.stream("POST", base + "/v1/completions", json=body) as r:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data:") and line[5:].strip() != "[DONE]":
                     text += json.loads(line[5:])["choices"][0].get("text", "")
         return text
 
-    async def run(base: str, stream: bool) -> list[str | BaseException]:
+    async def run(proc: ServerProcess, stream: bool) -> list[str | BaseException]:
         limits = httpx.Limits(max_connections=len(prompts) + 4)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), limits=limits) as client:
-            return await asyncio.gather(*(one(client, base, p, stream) for p in prompts),
-                                        return_exceptions=True)
+        async with proc.async_http(TINY, httpx.Timeout(60.0, connect=10.0), limits) as client:
+            return await asyncio.gather(*(one(client, p, stream) for p in prompts), return_exceptions=True)
 
-    want = _in_thread(run(ref.url(TINY), False))
-    got = _in_thread(run(srv.url(TINY), True))
+    want = _in_thread(run(ref, False))
+    got = _in_thread(run(srv, True))
     failed = [(p, g) for p, g in zip(prompts, got, strict=True) if isinstance(g, BaseException)]
     assert not failed, f"{len(failed)} of {len(prompts)} concurrent streams failed, e.g. {failed[0][1]!r}"
     for p, g, w in zip(prompts, got, want, strict=True):
@@ -297,8 +292,8 @@ def check_disconnect(srv: ServerProcess, prompt: str, max_tokens: int = 400, del
     srv.control("delay", seconds=delay)
     try:
         body = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        with httpx.Client(timeout=TIMEOUT) as client:
-            with client.stream("POST", srv.url(TINY) + "/v1/completions", json=body) as r:
+        with srv.http(TINY, timeout=TIMEOUT) as client:
+            with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200, f"HTTP {r.status_code}"
                 deadline = time.monotonic() + 10
                 while srv.control("state")["unfinished"] == 0:  # the request reached the engine
@@ -326,16 +321,15 @@ def check_disconnect(srv: ServerProcess, prompt: str, max_tokens: int = 400, del
 # -------------------------------------------------------------------------------------------- errors
 def check_bad_input(srv: ServerProcess, cases: list[dict[str, Any]]) -> None:
     """Each case ({"path", "body" or "raw", "why"}) gets a 4xx OpenAI error body quickly, never a 500."""
-    base = srv.url(TINY)
-    with httpx.Client(timeout=httpx.Timeout(8.0, connect=5.0)) as client:
+    with srv.http(TINY, timeout=httpx.Timeout(8.0, connect=5.0)) as client:
         for case in cases:
             what = f"POST {case['path']} with {case['why']}"
             try:
                 if "raw" in case:
-                    r = client.post(base + case["path"], content=case["raw"].encode(),
+                    r = client.post(case["path"], content=case["raw"].encode(),
                                     headers={"content-type": "application/json"})
                 else:
-                    r = client.post(base + case["path"], json=case["body"])
+                    r = client.post(case["path"], json=case["body"])
             except httpx.TimeoutException:
                 raise AssertionError(f"{what}: no answer within 8 s; a bad request must be refused "
                                      "at once") from None
@@ -353,20 +347,40 @@ def check_bad_input(srv: ServerProcess, cases: list[dict[str, Any]]) -> None:
 
 
 # -------------------------------------------------------------------------------------- the client
+def _finished_ids(ref: ServerProcess) -> set[str]:
+    return {r["request_id"] for r in ref.control("records", last=RECORDS_SEEN)}
+
+
+def _new_records(ref: ServerProcess, before: set[str], expected: int, name: str) -> list[dict[str, Any]]:
+    """The engine's records of the requests the learner's client sent (those that finished since
+    ``before``): exactly ``expected`` of them, or the client did not measure what it was asked to."""
+    deadline = time.monotonic() + 2.0  # a stream's last bytes can reach the client before the record
+    while True:
+        new = [r for r in ref.control("records", last=RECORDS_SEEN) if r["request_id"] not in before]
+        if len(new) >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(new) == expected, \
+        (f"{len(new)} request(s) reached the server's engine while your {name} ran, where it was asked for "
+         f"{expected}: each measured stream is one request to the URL it is given (base_url)")
+    return new
+
+
 def check_client(measure: Callable[..., Any], ref: ServerProcess, prompt: str, max_tokens: int = 16,
                  delay: float = 0.05, ttft_tolerance: float = 0.25, itl_tolerance: float = 0.2) -> None:
     """The learner's client against the reference server (steps slowed by ``delay``): its TTFT and ITLs
     agree with the engine's own records (TTFT within ``ttft_tolerance`` s, mean ITL within
     ``itl_tolerance`` relative + 5 ms, as many gaps as the engine's, give or take one)."""
+    url, before = ref.client_url(TINY), _finished_ids(ref)
     ref.control("delay", seconds=delay)
     try:
-        got = measure(ref.url(TINY), TINY, prompt, max_tokens)
+        got = measure(url, TINY, prompt, max_tokens)
     finally:
         ref.control("delay", seconds=0)
     assert isinstance(got, dict) and "ttft_s" in got and "itl_s" in got, \
         f"measure_stream should return a dict with 'ttft_s' and 'itl_s', got {got!r:.100}"
     ttft, itl = got["ttft_s"], list(got["itl_s"])
-    rec = ref.control("records", last=1)[-1]
+    (rec,) = _new_records(ref, before, 1, "measure_stream")
     times = rec["token_times"]
     server_ttft = times[0] - rec["arrival_time"]
     server_itl = [b - a for a, b in zip(times, times[1:], strict=False)]
@@ -388,9 +402,10 @@ def check_load(measure_load: Callable[..., Any], ref: ServerProcess, prompts: li
     first finished); and, taken together, the TTFTs and ITLs agree with the engine's records of those
     requests (sorted TTFTs pairwise within ``ttft_tolerance`` s and never more than 5 ms early, mean ITL
     within ``itl_tolerance`` relative + 5 ms)."""
+    url, before = ref.client_url(TINY), _finished_ids(ref)
     ref.control("delay", seconds=delay)
     try:
-        got = measure_load(ref.url(TINY), TINY, list(prompts), max_tokens)
+        got = measure_load(url, TINY, list(prompts), max_tokens)
     finally:
         ref.control("delay", seconds=0)
     assert isinstance(got, list) and len(got) == len(prompts), \
@@ -398,7 +413,7 @@ def check_load(measure_load: Callable[..., Any], ref: ServerProcess, prompts: li
     for i, one in enumerate(got):
         assert isinstance(one, dict) and "ttft_s" in one and "itl_s" in one, \
             f"result {i} should be measure_stream's dict with 'ttft_s' and 'itl_s', got {one!r:.100}"
-    records = ref.control("records", last=len(prompts))
+    records = _new_records(ref, before, len(prompts), "measure_load")
     arrivals = sorted(r["arrival_time"] for r in records)
     first_finish = min(r["token_times"][-1] for r in records)
     assert arrivals[-1] < first_finish, \

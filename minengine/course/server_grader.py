@@ -16,6 +16,15 @@ grading. The learner's file defines ``build_app(llm, model_name)``; this module'
 
 The reference server is started by the same runner (``reference=True``), so both sides run the same
 engine on the same machine. Kernel side (``launch``, ``server``, ``stop_all``) imports no torch.
+
+**Two places run these servers.** In JupyterLab the learner's kernel starts both, on TCP ports of
+127.0.0.1, and the test cells run there: instant feedback. While autograding, the test cells run in the
+grader (``grader_side_tests``), out of the submission's reach, and so do the servers
+(:func:`begin_grading`): the learner's file runs in its own bubblewrap sandbox (no network but its own
+loopback, the reference server's code hidden), and both servers listen on Unix sockets in folders the
+grader owns. The learner's client (parts 2 and 3) runs in their kernel, which has its own loopback: the
+grader has the kernel open a port that relays to the reference's bare app (:func:`serve_relay`), so the
+client is given an ``http://127.0.0.1`` URL and never the grader's control routes.
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +57,13 @@ LIFETIME_S = 900.0  # a runner never outlives this, even if nobody stops it
 # What an answer may not use: the reference server and what wraps it, and the course's grading code.
 FORBIDDEN = ("minengine.server", "minengine.cli", "minengine.bench", "minengine.course")
 ALLOWED = ("minengine.course", "minengine.course.server_grader")  # the runner itself
+# Packages of minengine that a sandboxed answer does not even see (empty folders in its sandbox).
+HIDDEN_PACKAGES = ("server", "cli", "bench")
+
+
+def public_socket_name(model: str) -> str:
+    """The reference's bare app for ``model``, in the kernel's folder while grading."""
+    return f"lab3-reference-{model}.sock"
 
 
 class ServerProblem(AssertionError):
@@ -85,30 +104,55 @@ class ServerProcess:
     started_at: float = 0.0
     digest: str = ""
     failure: str = ""  # why it cannot be graded, once known (later cells fail at once, with the same words)
+    # While autograding (begin_grading): each model on a Unix socket in workdir/run instead of a TCP port;
+    # the answer in a sandbox; the reference also serving its bare app on public_dir/<model>.sock.
+    on_unix_sockets: bool = False
+    sandboxed: bool = False
+    public_dir: Path | None = None
 
     @property
     def label(self) -> str:
         return "the reference server" if self.app_file is None else f"your server ({self.app_file.name})"
 
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / "run"  # the status file and the sockets (the sandbox may write only here)
+
     def start(self) -> ServerProcess:
+        self.run_dir.mkdir(exist_ok=True)
         cmd = [sys.executable, "-m", "minengine.course.server_grader", "--status",
-               str(self.workdir / "status.json"), "--parent", str(os.getpid())]
-        cmd += ["--reference"] if self.app_file is None else ["--app", str(self.app_file)]
+               str(self.run_dir / "status.json"), "--parent", "0" if self.sandboxed else str(os.getpid())]
+        app_file = self.app_file
+        if app_file is not None and self.sandboxed:  # the sandbox sees a copy, taken now, and nothing beside
+            (self.workdir / "app").mkdir(exist_ok=True)
+            app_file = Path(shutil.copy2(app_file, self.workdir / "app" / app_file.name))
+        cmd += ["--reference"] if app_file is None else ["--app", str(app_file)]
         for m in self.models:
             cmd += ["--model", m]
+        if self.on_unix_sockets:
+            cmd += ["--uds", str(self.run_dir)]
+        if self.public_dir is not None:
+            cmd += ["--public", str(self.public_dir)]
         env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("NBGRADER_EXECUTION", None)
+        if self.sandboxed:
+            from minengine.course import sandbox
+
+            assert app_file is not None
+            hidden = [Path(__file__).resolve().parents[1] / name for name in HIDDEN_PACKAGES]
+            cmd = sandbox.sandboxed_command(cmd, app_file.parent, self.run_dir, env,
+                                            sandbox.limits_from_env(), hidden=hidden)
         with open(self.workdir / "log.txt", "wb") as log:
             # never the kernel's stderr: that zeroes a test cell
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=env,
-                                         cwd=self.app_file.parent if self.app_file else None)
+                                         cwd=app_file.parent if app_file else None)
         self.started_at = time.monotonic()
         return self
 
     def status(self) -> dict[str, Any]:
         try:
-            return json.loads((self.workdir / "status.json").read_text())
+            return json.loads((self.run_dir / "status.json").read_text())
         except (OSError, ValueError):
             return {}
 
@@ -120,12 +164,13 @@ class ServerProcess:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def url(self, model: str = TINY) -> str:
-        """The base URL (no ``/v1``) serving ``model``, waiting for it; ServerProblem if it never comes."""
+        """The base URL (no ``/v1``) serving ``model``, waiting for it; ServerProblem if it never comes.
+        On Unix sockets the host names the model, and only :meth:`http` and :meth:`openai` reach it."""
         while not self.failure:
             st = self.status()
             port = st.get("ports", {}).get(model)
             if port and self.proc is not None:
-                return f"http://127.0.0.1:{port}"
+                return f"http://127.0.0.1:{port}" if isinstance(port, int) else f"http://{model}.lab3"
             waited = time.monotonic() - self.started_at
             if st.get("error"):
                 self.failure = f"{self.label} did not start: {st['error']}"
@@ -144,9 +189,44 @@ class ServerProcess:
         self.stop()
         raise ServerProblem(self.failure)
 
-    def control(self, what: str, model: str = TINY, **params: Any) -> dict[str, Any]:
+    def _socket(self, model: str) -> str | None:
+        port = self.status().get("ports", {}).get(model)
+        return port if isinstance(port, str) else None
+
+    def http(self, model: str = TINY, timeout: httpx.Timeout | float = 20.0,
+             limits: httpx.Limits | None = None) -> httpx.Client:
+        """A client for ``model``'s app, on its port or its Unix socket (paths relative to :meth:`url`)."""
+        url = self.url(model)
+        path, limits = self._socket(model), limits or httpx.Limits()
+        transport = httpx.HTTPTransport(uds=path, limits=limits) if path else None
+        return httpx.Client(base_url=url, transport=transport, timeout=timeout, limits=limits)
+
+    def async_http(self, model: str = TINY, timeout: httpx.Timeout | float = 20.0,
+                   limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+        url = self.url(model)
+        path, limits = self._socket(model), limits or httpx.Limits()
+        transport = httpx.AsyncHTTPTransport(uds=path, limits=limits) if path else None
+        return httpx.AsyncClient(base_url=url, transport=transport, timeout=timeout, limits=limits)
+
+    def openai(self, model: str = TINY, timeout: float = 20.0) -> Any:
+        """The official openai SDK pointed at ``model`` (no retries: a failure is the server's)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url(model) + "/v1", api_key="lab3", max_retries=0, timeout=timeout,
+                             http_client=self.http(model, timeout=timeout))
+
+    def client_url(self, model: str = TINY) -> str:
+        """The base URL a learner's client (parts 2 and 3) is given. While grading, their client runs in
+        their sandboxed kernel: the URL is a port there that relays to this server's bare app."""
+        url = self.url(model)
+        if self.public_dir is None or _SESSION is None:
+            return url
+        return f"http://127.0.0.1:{_SESSION.relay_port(self.public_dir / public_socket_name(model))}"
+
+    def control(self, what: str, model: str = TINY, **params: Any) -> Any:
         """The runner's own view: ``state``, ``records``, ``delay`` (see ``GraderApp``)."""
-        r = httpx.get(f"{self.url(model)}/__grader__/{what}", params=params, timeout=10)
+        with self.http(model, timeout=10) as client:
+            r = client.get(f"/__grader__/{what}", params=params)
         r.raise_for_status()
         return r.json()
 
@@ -187,22 +267,70 @@ class ServerProcess:
 _RUNNING: dict[str, ServerProcess] = {}
 
 
+@dataclass
+class GradingSession:
+    """Lab 3 while autograding one notebook, in the grader's process: the servers run here (the answer
+    sandboxed) on Unix sockets. ``kernel_dir`` is a folder the learner's kernel also sees (its sandbox's
+    private folder), where the reference's bare app listens; ``open_relay(path)`` has the kernel open a
+    TCP port relaying to that socket and returns the port (:func:`serve_relay`, run there)."""
+
+    kernel_dir: Path
+    open_relay: Callable[[str], int]
+    sandboxed: bool
+    remove_kernel_dir: bool = False  # a folder made for this session (no sandbox: no private folder)
+    relays: dict[str, int] = field(default_factory=dict)
+
+    def relay_port(self, path: Path) -> int:
+        if str(path) not in self.relays:
+            self.relays[str(path)] = self.open_relay(str(path))
+        return self.relays[str(path)]
+
+
+_SESSION: GradingSession | None = None
+
+
+def begin_grading(session: GradingSession) -> None:
+    """From now on, servers run in this (the grader's) process for ``session`` (the notebook's cells)."""
+    global _SESSION
+    end_grading()
+    _SESSION = session
+
+
+def end_grading() -> None:
+    """Stop every server of the notebook being graded (its kernel is gone, or the next one begins)."""
+    global _SESSION
+    stop_all()
+    if _SESSION is not None and _SESSION.remove_kernel_dir:
+        shutil.rmtree(_SESSION.kernel_dir, ignore_errors=True)
+    _SESSION = None
+
+
+def _grading_in_kernel() -> bool:
+    """This is a learner's kernel during autograde: the grader runs the servers, not the kernel."""
+    return _SESSION is None and os.environ.get("NBGRADER_EXECUTION") == "autograde"
+
+
 def launch(app_file: str | Path = "lab3_server.py", models: tuple[str, ...] = (TINY, SMOL),
-           startup_limit_s: float = STARTUP_LIMIT_S) -> ServerProcess:
+           startup_limit_s: float = STARTUP_LIMIT_S) -> ServerProcess | None:
     """Start (without waiting) the learner's server from ``app_file``, and the reference beside it. The
-    same file again reuses the running one; an edited file restarts it."""
+    same file again reuses the running one; an edited file restarts it. In a kernel being autograded it
+    starts nothing (None): the grader starts its own, sandboxed, from the same file."""
+    if _grading_in_kernel():
+        print("While autograding, the grader starts your server itself (from lab3_server.py, in a sandbox).")
+        return None
     path = Path(app_file).resolve()
     digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
     current = _RUNNING.get("answer")
     if current is None or current.digest != digest or current.app_file != path:
         if current is not None:
             current.stop()
-        current = ServerProcess(path, models, startup_limit_s, digest=digest)
+        current = ServerProcess(path, models, startup_limit_s, digest=digest,
+                                on_unix_sockets=_SESSION is not None,
+                                sandboxed=_SESSION is not None and _SESSION.sandboxed)
         if digest != "missing":
             current.start()
         _RUNNING["answer"] = current
-    if "reference" not in _RUNNING:
-        _RUNNING["reference"] = ServerProcess(None, models, startup_limit_s).start()
+    reference(models, startup_limit_s)
     return current
 
 
@@ -224,6 +352,8 @@ def server(app_file: str | Path = "lab3_server.py") -> ServerProcess:
     """The learner's running server after the own-code check: the one launched from this file as it is now
     (launched now if it was not, or restarted if the file changed since)."""
     proc = launch(app_file)
+    if proc is None:
+        raise ServerProblem("while autograding, your server runs in the grader, not in this kernel")
     if proc.digest == "missing":
         raise ServerProblem(f"there is no {proc.app_file.name}: run the server cell above (it writes the "
                             "file)")
@@ -232,9 +362,13 @@ def server(app_file: str | Path = "lab3_server.py") -> ServerProcess:
     return proc
 
 
-def reference() -> ServerProcess:
+def reference(models: tuple[str, ...] = (TINY, SMOL), startup_limit_s: float = STARTUP_LIMIT_S
+              ) -> ServerProcess:
+    """The reference server (``minengine.server``), started if it is not running."""
     if "reference" not in _RUNNING:
-        _RUNNING["reference"] = ServerProcess(None, (TINY, SMOL)).start()
+        public = _SESSION.kernel_dir if _SESSION is not None else None
+        _RUNNING["reference"] = ServerProcess(None, models, startup_limit_s,
+                                              on_unix_sockets=_SESSION is not None, public_dir=public).start()
     return _RUNNING["reference"]
 
 
@@ -246,6 +380,51 @@ def stop_all() -> None:
 
 
 atexit.register(stop_all)
+
+
+_RELAYS: dict[str, int] = {}
+
+
+def serve_relay(socket_path: str) -> int:
+    """Kernel side, while autograding: a port on this kernel's 127.0.0.1 that forwards each connection to
+    the Unix socket ``socket_path`` (the reference server's bare app, which the grader runs outside the
+    kernel's sandbox), so the learner's client is measured on an ordinary ``http://`` URL. Returns the
+    port; one relay per socket, on daemon threads, for the kernel's life."""
+    if socket_path in _RELAYS:
+        return _RELAYS[socket_path]
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:  # either side ending ends both: a client that leaves is gone for the server too
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def forward(client: socket.socket) -> None:
+        with client, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as upstream:
+            try:
+                upstream.connect(socket_path)
+            except OSError:
+                return  # the client sees its connection closed: the server is gone
+            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+            back.start()
+            pump(client, upstream)
+            back.join()
+
+    def accept() -> None:
+        while True:
+            client, _ = listener.accept()
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=forward, args=(client,), daemon=True, name="lab3-relay").start()
+
+    threading.Thread(target=accept, daemon=True, name="lab3-relay-accept").start()
+    _RELAYS[socket_path] = listener.getsockname()[1]
+    return _RELAYS[socket_path]
 
 
 # ------------------------------------------------------------------------------------------ runner side
@@ -291,13 +470,13 @@ def _write_status(path: Path, status: dict[str, Any]) -> None:
 
 
 def _watch_parent(parent: int) -> None:
-    """Exit when the kernel that started us is gone, or after LIFETIME_S, whatever happens to it."""
-    import threading
+    """Exit when the kernel that started us is gone, or after LIFETIME_S, whatever happens to it. Parent 0:
+    in a sandbox, where bubblewrap's --die-with-parent does the first part."""
 
     def watch() -> None:
         deadline = time.monotonic() + LIFETIME_S
         while time.monotonic() < deadline:
-            if os.getppid() != parent:
+            if parent and os.getppid() != parent:
                 os._exit(3)
             time.sleep(0.5)
         os._exit(4)
@@ -359,7 +538,6 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
 
     async def serve_all() -> None:
-        tasks = []
         for i, name in enumerate(args.model):
             status["stage"] = f"loading {name}"
             _write_status(status_path, status)
@@ -372,22 +550,31 @@ def run(args: argparse.Namespace) -> None:
                 status["error"] = f"build_app(llm, {name!r}) raised {type(e).__name__}: {e}"
                 _write_status(status_path, status)
                 raise SystemExit(2) from None
-            config = uvicorn.Config(GraderApp(app, llm, control), host="127.0.0.1", port=0,
-                                    log_level="warning", access_log=False, lifespan="auto",
-                                    timeout_graceful_shutdown=1)
-            srv = uvicorn.Server(config)
-            srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # SIGTERM just ends us
-            tasks.append(asyncio.create_task(srv.serve()))
-            while not srv.started:
-                if tasks[-1].done():
-                    status["error"] = f"uvicorn could not start the app for {name}: {tasks[-1].exception()!r}"
-                    _write_status(status_path, status)
-                    raise SystemExit(2)
-                await asyncio.sleep(0.02)
-            status["ports"][name] = srv.servers[0].sockets[0].getsockname()[1]
+            if args.public:  # the bare app, for the learner's client (through the kernel's relay)
+                await start_server(app, name, Path(args.public) / public_socket_name(name))
+            # "ports" holds a TCP port, or on Unix sockets the socket's path
+            status["ports"][name] = await start_server(GraderApp(app, llm, control), name,
+                                                       Path(args.uds) / f"{name}.sock" if args.uds else None)
             status["stage"] = "serving"
             _write_status(status_path, status)
         await asyncio.gather(*tasks)
+
+    async def start_server(app: Any, name: str, uds: Path | None) -> int | str:
+        where: dict[str, Any] = {"uds": str(uds)} if uds else {"host": "127.0.0.1", "port": 0}
+        config = uvicorn.Config(app, **where, log_level="warning", access_log=False, lifespan="auto",
+                                timeout_graceful_shutdown=1)
+        srv = uvicorn.Server(config)
+        srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # SIGTERM just ends us
+        tasks.append(asyncio.create_task(srv.serve()))
+        while not srv.started:
+            if tasks[-1].done():
+                status["error"] = f"uvicorn could not start the app for {name}: {tasks[-1].exception()!r}"
+                _write_status(status_path, status)
+                raise SystemExit(2)
+            await asyncio.sleep(0.02)
+        return str(uds) if uds else srv.servers[0].sockets[0].getsockname()[1]
+
+    tasks: list[asyncio.Task] = []
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     asyncio.run(serve_all())
@@ -399,7 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reference", action="store_true", help="serve minengine.server instead")
     p.add_argument("--model", action="append", required=True)
     p.add_argument("--status", required=True)
-    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--parent", type=int, required=True, help="exit when this process is gone (0: never)")
+    p.add_argument("--uds", help="serve each model on a Unix socket <model>.sock here, not on a TCP port")
+    p.add_argument("--public", help="also serve each bare app (no grader routes) on <model>.sock here")
     run(p.parse_args(argv))
 
 
