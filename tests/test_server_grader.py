@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pytest
 
 from minengine.course import server_checks as sc
 from minengine.course import server_grader as sg
-from minengine.course.sandbox import sandbox_problem
+from minengine.course.sandbox import sandbox_problem, sandboxed_command
 
 PLANTED = '''
 import asyncio
@@ -303,20 +304,23 @@ needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None, reason=str(san
 
 
 @pytest.fixture
-def grading_session(tmp_path: Path):
+def grading_session():
     """Lab 3 as autograde runs it: servers in this process on Unix sockets, the answer sandboxed; the
-    'kernel' relays are opened here (serve_relay), as the learner's kernel opens them while grading."""
-    kernel_dir = tmp_path / "kernel"
-    kernel_dir.mkdir()
+    'kernel' relays are opened here (serve_relay), as the learner's kernel opens them while grading. The
+    kernel's folder is short, like a real kernel's: a Unix socket's path has at most 107 bytes."""
+    kernel_dir = Path(tempfile.mkdtemp(prefix="minengine-kernel-"))
     opened: list[str] = []
 
     def open_relay(path: str) -> int:
         opened.append(path)
         return sg.serve_relay(path)
 
-    sg.begin_grading(sg.GradingSession(kernel_dir, open_relay, sandboxed=sandbox_problem() is None))
+    sg.begin_grading(sg.GradingSession(kernel_dir, open_relay,
+                                       sandboxed_command if sandbox_problem() is None else None,
+                                       remove_kernel_dir=True))
     yield opened
     sg.end_grading()
+    assert not kernel_dir.exists()
 
 
 @needs_sandbox

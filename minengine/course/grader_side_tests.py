@@ -49,6 +49,7 @@ from minengine.course.policy_bridge import (
     PolicyBridge,
     serve_code,
 )
+from minengine.course.server_grader import Confine
 
 MARKER = "# (autograde runs this cell in the grader, calling your functions in your kernel)"
 # Names that reach for minengine's implementation (or import machinery that could) inside an answer.
@@ -510,10 +511,10 @@ def kernel_connect(client: Any, timeout: float) -> Connect:
     return connect
 
 
-def servers_session(client: Any, timeout: float) -> Any:
+def servers_session(client: Any, timeout: float, confine: Confine | None) -> Any:
     """Lab 3's servers for the notebook nbclient runs (``client``): started in this process when a cell
-    asks for them, the answer sandboxed like the kernel; the kernel reaches the reference through a port
-    it opens on its own loopback (``server_grader.serve_relay``)."""
+    asks for them, the answer confined by ``confine`` (the sandbox's, like the kernel); the kernel
+    reaches the reference through a port it opens on its own loopback (``server_grader.serve_relay``)."""
     from jupyter_core.utils import run_sync
 
     from minengine.course.server_grader import GradingSession
@@ -528,7 +529,7 @@ def servers_session(client: Any, timeout: float) -> Any:
                               f"({reply.get('error')}): was minengine.course.server_grader replaced?")
         return reply["value"]
 
-    return GradingSession(folder, open_relay, sandboxed=private is not None, remove_kernel_dir=not private)
+    return GradingSession(folder, open_relay, confine, remove_kernel_dir=not private)
 
 
 # The notebook being graded in this process, its policy bridge (lab 2) and its servers' session (lab 3):
@@ -537,10 +538,10 @@ def servers_session(client: Any, timeout: float) -> Any:
 _current: dict[str, Any] = {"nb": None, "bridge": None}
 
 
-def grader_side_cell(client: Any, cell: Any) -> Any:
+def grader_side_cell(client: Any, cell: Any, confine: Confine | None = None) -> Any:
     """Run a marked test cell in this process (the Execute step's body for it): its outputs replace the
     cell's, as a kernel's would. It runs in the notebook's folder, where a kernel would (lab 2's results
-    file is written there)."""
+    file is written there). ``confine`` is the sandbox lab 3's student server runs in (None: none)."""
     from jupyter_core.utils import run_sync
     from nbformat import from_dict
 
@@ -551,7 +552,7 @@ def grader_side_cell(client: Any, cell: Any) -> Any:
         from minengine.course import server_grader
 
         _current.update(nb=client.nb, bridge=kernel_bridge(client, timeout, policy_findings(answers)))
-        server_grader.begin_grading(servers_session(client, timeout))
+        server_grader.begin_grading(servers_session(client, timeout, confine))
     folder = (client.resources or {}).get("metadata", {}).get("path") or "."
     with contextlib.chdir(folder):
         outputs = run_test_cell(cell.source, lambda req: run_sync(ask_kernel)(client, req, timeout),

@@ -274,7 +274,10 @@ def sandboxed_execute_preprocessor() -> type:
         def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:
             if cell.cell_type == "code" and utils.is_grade(cell) and is_grader_side(cell):
                 self._check_assign_resources(resources)
-                return grader_side_cell(self, cell), self.resources
+                # lab 3's student server: sandboxed like the kernel
+                confine = (functools.partial(sandboxed_command, limits=limits_from_env())
+                           if sandbox_enabled() else None)
+                return grader_side_cell(self, cell, confine), self.resources
             return super().preprocess_cell(cell, resources, index)
 
     return SandboxedExecute

@@ -105,9 +105,9 @@ class ServerProcess:
     digest: str = ""
     failure: str = ""  # why it cannot be graded, once known (later cells fail at once, with the same words)
     # While autograding (begin_grading): each model on a Unix socket in workdir/run instead of a TCP port;
-    # the answer in a sandbox; the reference also serving its bare app on public_dir/<model>.sock.
+    # the answer's command confined (the sandbox's); the reference also serving its bare app in public_dir.
     on_unix_sockets: bool = False
-    sandboxed: bool = False
+    confine: Confine | None = None
     public_dir: Path | None = None
 
     @property
@@ -121,9 +121,9 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         self.run_dir.mkdir(exist_ok=True)
         cmd = [sys.executable, "-m", "minengine.course.server_grader", "--status",
-               str(self.run_dir / "status.json"), "--parent", "0" if self.sandboxed else str(os.getpid())]
+               str(self.run_dir / "status.json"), "--parent", "0" if self.confine else str(os.getpid())]
         app_file = self.app_file
-        if app_file is not None and self.sandboxed:  # the sandbox sees a copy, taken now, and nothing beside
+        if app_file is not None and self.confine:  # the sandbox sees a copy, taken now, and nothing beside
             (self.workdir / "app").mkdir(exist_ok=True)
             app_file = Path(shutil.copy2(app_file, self.workdir / "app" / app_file.name))
         cmd += ["--reference"] if app_file is None else ["--app", str(app_file)]
@@ -135,13 +135,10 @@ class ServerProcess:
             cmd += ["--public", str(self.public_dir)]
         env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("NBGRADER_EXECUTION", None)
-        if self.sandboxed:
-            from minengine.course import sandbox
-
+        if self.confine is not None:
             assert app_file is not None
             hidden = [Path(__file__).resolve().parents[1] / name for name in HIDDEN_PACKAGES]
-            cmd = sandbox.sandboxed_command(cmd, app_file.parent, self.run_dir, env,
-                                            sandbox.limits_from_env(), hidden=hidden)
+            cmd = self.confine(cmd, app_file.parent, self.run_dir, env, hidden=hidden)
         with open(self.workdir / "log.txt", "wb") as log:
             # never the kernel's stderr: that zeroes a test cell
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -267,16 +264,22 @@ class ServerProcess:
 _RUNNING: dict[str, ServerProcess] = {}
 
 
+# sandbox.sandboxed_command's shape: (command, workdir, private folder, environment, hidden=folders) ->
+# the command confined. The grader passes it in (this module does not import the sandbox's).
+Confine = Callable[..., list[str]]
+
+
 @dataclass
 class GradingSession:
-    """Lab 3 while autograding one notebook, in the grader's process: the servers run here (the answer
-    sandboxed) on Unix sockets. ``kernel_dir`` is a folder the learner's kernel also sees (its sandbox's
-    private folder), where the reference's bare app listens; ``open_relay(path)`` has the kernel open a
-    TCP port relaying to that socket and returns the port (:func:`serve_relay`, run there)."""
+    """Lab 3 while autograding one notebook, in the grader's process: the servers run here on Unix
+    sockets, the answer confined by ``confine`` (None where the grader runs without a sandbox).
+    ``kernel_dir`` is a folder the learner's kernel also sees (its sandbox's private folder), where the
+    reference's bare app listens; ``open_relay(path)`` has the kernel open a TCP port relaying to that
+    socket and returns the port (:func:`serve_relay`, run there)."""
 
     kernel_dir: Path
     open_relay: Callable[[str], int]
-    sandboxed: bool
+    confine: Confine | None
     remove_kernel_dir: bool = False  # a folder made for this session (no sandbox: no private folder)
     relays: dict[str, int] = field(default_factory=dict)
 
@@ -326,7 +329,7 @@ def launch(app_file: str | Path = "lab3_server.py", models: tuple[str, ...] = (T
             current.stop()
         current = ServerProcess(path, models, startup_limit_s, digest=digest,
                                 on_unix_sockets=_SESSION is not None,
-                                sandboxed=_SESSION is not None and _SESSION.sandboxed)
+                                confine=_SESSION.confine if _SESSION is not None else None)
         if digest != "missing":
             current.start()
         _RUNNING["answer"] = current
