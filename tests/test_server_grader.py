@@ -3,7 +3,8 @@
 The checks must pass the reference server itself (``minengine.server``, graded as if it were an answer)
 and fail planted servers for the right reason: one planted app misbehaves on request (a prompt with
 BUFFER is sent all at the end, NODONE ends without ``[DONE]``, IGNORE keeps running after the client
-left, HANG never answers, and bad input raises, so FastAPI answers 500), so a single subprocess covers
+left, HANG never answers, STRICT refuses a request that fills the KV budget exactly, and bad input
+raises, so FastAPI answers 500), so a single subprocess covers
 them. Servers that cannot be graded at all (an import error, no ``build_app``, one that serves itself
 on its own port and never returns from import, one that uses the reference) must fail with a message
 that says why, and nothing they started may survive: no process, no listening port.
@@ -31,15 +32,26 @@ import asyncio
 import json
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from minengine import SamplingParams
+
+
+BLOCKS = 40  # the KV budget per request, in blocks
 
 
 def build_app(llm, model_name):
     app = FastAPI()
     tok = llm.engine.tokenizer
     tasks = set()
+
+    def over_budget(prompt_text, ids, max_tokens):
+        budget = BLOCKS * llm.engine.config.block_size - ("STRICT" in prompt_text)
+        if len(ids) + max_tokens <= budget:
+            return None
+        return JSONResponse({"error": {"message": "over the KV budget", "type": "BadRequestError",
+                                       "param": "max_tokens", "code": 400}}, status_code=400)
 
     def stream(prompt_text, ids, max_tokens, chat):
         params = SamplingParams(temperature=0, max_tokens=max_tokens)
@@ -97,14 +109,17 @@ def build_app(llm, model_name):
         body = await request.json()
         if "HANG" in body["prompt"]:
             await asyncio.Event().wait()
-        return stream(body["prompt"], tok.encode(body["prompt"]), body["max_tokens"], False)
+        ids = tok.encode(body["prompt"])
+        return (over_budget(body["prompt"], ids, body["max_tokens"])
+                or stream(body["prompt"], ids, body["max_tokens"], False))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
         text = tok.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
-        return stream(body["messages"][-1]["content"], tok.encode(text, add_special_tokens=False),
-                      body["max_tokens"], True)
+        ids = tok.encode(text, add_special_tokens=False)
+        return (over_budget(body["messages"][-1]["content"], ids, body["max_tokens"])
+                or stream(body["messages"][-1]["content"], ids, body["max_tokens"], True))
 
     return app
 '''
@@ -225,6 +240,25 @@ def test_planted_misbehaviour_fails_the_check_that_looks_for_it(planted: sg.Serv
         sc.check_bad_input(planted, [{"path": "/v1/completions", "body": {"prompt": "HANG"},
                                       "why": "a hang"}])
     assert time.monotonic() - start_t < 12
+
+
+def test_the_kv_budget_check_wants_the_exact_boundary_and_the_reference_has_no_budget(
+        planted: sg.ServerProcess, reference: sg.ServerProcess) -> None:
+    sc.check_kv_budget(planted, reference, "Once upon a time", blocks=40)
+    with pytest.raises(AssertionError, match="fills exactly 40 blocks, which the budget"):
+        sc.check_kv_budget(planted, reference, "Once upon a time STRICT", blocks=40)
+    with pytest.raises(AssertionError, match="HTTP 200, expected 400"):
+        sc.check_kv_budget(planted, reference, "Once upon a time", blocks=39)  # another class's budget
+    with pytest.raises(AssertionError, match="HTTP 200, expected 400"):  # the package's server: context only
+        sc.check_kv_budget(reference, reference, "Once upon a time", blocks=40)
+    assert _settles(planted)  # the stream at the boundary was left after its first event: aborted
+
+
+def _settles(proc: sg.ServerProcess) -> bool:
+    deadline = time.monotonic() + 5
+    while proc.control("state")["unfinished"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc.control("state")["unfinished"] == 0
 
 
 def test_a_server_that_always_streams_fails_the_sdk_check_with_a_clear_message(

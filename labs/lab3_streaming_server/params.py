@@ -23,6 +23,10 @@ LONG_STORIES = ["Once upon a time", "Tom and his dog", "One day, a little girl n
                 "Sam wanted to fly a kite"]  # 99-144 tokens before they stop
 CHAT = ["Tell me a story about a dog.", "Write a story about a brave girl.", "Tell me about a little boat.",
         "Can you tell me a story about the moon?", "Write a short story about two friends."]
+# KV blocks one request may hold (16 tokens each on the shipped models): 576-1,024 tokens, always room for
+# the disconnect test's 400 tokens and always below tinystories-4m's 2,048-token context, so a server that
+# caps only at the context (the package's own) admits requests this class's server must refuse.
+KV_BLOCKS_CHOICES = (36, 40, 44, 48, 52, 56, 60, 64)
 UTF8 = ["Say good morning in Japanese.", "Say hello in Korean.", "Write 'cat' in Japanese.",
         "Say goodbye in Japanese.", "Write the word love in Chinese."]
 
@@ -86,4 +90,8 @@ def params(seed: int) -> dict[str, Any]:
         "load_prompts": [f"{rng.choice(OPENERS)}, {rng.choice(['and', 'but', 'so'])} {i}"
                          for i in range(rng.randint(6, 10))],
         "load_max_tokens": rng.randint(8, 16),
+        # drawn after those, for the same reason: the class's KV budget per request (part 1, a rule the
+        # package's own server does not have) and the prompt its hidden test sends at and past it
+        "kv_blocks_per_request": rng.choice(KV_BLOCKS_CHOICES),
+        "kv_budget_prompt": rng.choice(OPENERS + CHAT),
     }

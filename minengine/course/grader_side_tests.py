@@ -12,7 +12,9 @@ hidden test, and nothing the student runs can change how it is judged. What the 
 return any value it likes, which is exactly what the question asks of it. Lab 2's cells name a *class*,
 the student's scheduling policy, whose methods are called thousands of times a run: it is served from the
 kernel over a socket instead (``policy_bridge``, which this module connects to the kernel), and what the
-policy may reach is read with lab 2's rules (:func:`policy_findings`).
+policy may reach is read with lab 2's rules (:func:`policy_findings`). Lab 3's cells ask for servers:
+``server_grader`` starts them in this process for the notebook (:func:`servers_session`), the student's
+in a sandbox of its own, and the kernel only runs the student's client, through a relay it opens.
 
 A test cell opts in with :data:`MARKER` in its source (nbgrader restores test cells from the gradebook,
 so a student cannot add or remove it). In JupyterLab the same cell runs in the kernel as before, so a

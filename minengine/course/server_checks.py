@@ -346,6 +346,43 @@ def check_bad_input(srv: ServerProcess, cases: list[dict[str, Any]]) -> None:
                                      f"{r.text[:150]}") from None
 
 
+# ------------------------------------------------------------------------------------- the KV budget
+def check_kv_budget(srv: ServerProcess, ref: ServerProcess, prompt: str, blocks: int) -> None:
+    """The class's KV budget per request, on both endpoints: a request whose prompt and ``max_tokens``
+    fill exactly ``blocks`` KV blocks is served; one token more is refused at once, a 400 naming
+    ``max_tokens``. Prompt lengths and the block size come from the reference (the same engine)."""
+    block_size = int(ref.control("state")["block_size"])
+    for path, chat in (("/v1/completions", False), ("/v1/chat/completions", True)):
+        body: dict[str, Any] = {"model": TINY, "temperature": 0}
+        body.update({"messages": _messages(prompt)} if chat else {"prompt": prompt})
+        with ref.http(TINY, timeout=TIMEOUT) as client:
+            prompt_tokens = client.post(path, json={**body, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+        fits = blocks * block_size - prompt_tokens
+        what = (f"POST {path} ({prompt_tokens} prompt tokens, a budget of {blocks} blocks of {block_size} "
+                "tokens)")
+        with srv.http(TINY, timeout=httpx.Timeout(8.0, connect=5.0)) as client:
+            try:
+                over = client.post(path, json={**body, "max_tokens": fits + 1})
+            except httpx.TimeoutException:
+                raise AssertionError(f"{what} with max_tokens {fits + 1}: no answer within 8 s; a request "
+                                     "over the budget is refused before it reaches the engine") from None
+            assert over.status_code == 400, \
+                (f"{what} with max_tokens {fits + 1}: HTTP {over.status_code}, expected 400: the request "
+                 f"needs {blocks + 1} blocks at its longest, one more than this class's budget")
+            try:
+                param = over.json()["error"]["param"]
+            except Exception:
+                raise AssertionError(f"{what}: the 400 has no OpenAI error body: {over.text[:150]}") from None
+            assert param == "max_tokens", f"{what}: the error's param is {param!r}, expected 'max_tokens'"
+            with client.stream("POST", path, json={**body, "max_tokens": fits, "stream": True}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise AssertionError(f"{what} with max_tokens {fits}: HTTP {r.status_code}, expected "
+                                         f"the stream: it fills exactly {blocks} blocks, which the budget "
+                                         f"allows: {r.text[:150]}")
+                next(r.iter_raw(), None)  # the stream started; leaving now aborts the request
+
+
 # -------------------------------------------------------------------------------------- the client
 def _finished_ids(ref: ServerProcess) -> set[str]:
     """The requests the engine has finished so far, after one small request that warms the server up: a
