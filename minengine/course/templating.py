@@ -207,6 +207,13 @@ def render_notebook(nb: dict[str, Any], seed: int | str, params: dict[str, Any],
     return Rendered(nb, keys, params)
 
 
+def render_source(path: Path, seed: int | str = DEFAULT_COURSE_SEED) -> dict[str, Any]:
+    """One assignment notebook as a release for ``seed`` renders it, solutions included (what a test that
+    pastes the solution into a student version needs: lab 3's server holds the seed's KV budget)."""
+    return render_notebook(json.loads(path.read_text()), seed, load_params(path.parent, seed),
+                           f"{path.parent.name}/{path.name}").notebook
+
+
 def render_folder(src: Path, dst: Path, seed: int | str) -> dict[str, Rendered]:
     """Render every notebook of an assignment folder into ``dst``; other files are copied, params.py not."""
     import shutil
