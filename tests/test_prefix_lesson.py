@@ -60,14 +60,24 @@ def test_shared_prefix_hits_match_the_rule_and_save_prefill(shipped):
 
 
 def test_eviction_forgets_the_tail_first(shipped):
+    """The engine behaviour lesson 07's eviction loop shows: the free pool hands out the least recently
+    freed blocks first, so a finished prompt loses its last block first."""
     model, tok = shipped
     llm = minengine.LLM(model, tokenizer=tok, num_blocks=24)
+    pool = llm.llm_engine.scheduler.block_manager
     rng = random.Random(1)
     prompt = lu.random_prompt(160, rng)  # 10 full blocks
     params = minengine.SamplingParams(max_tokens=1, ignore_eos=True, temperature=0)
-    assert pl.eviction_hits(llm, prompt, [], params) == (144, 0)
+
+    def hits_after(others: list[list[int]]) -> int:
+        pool.reset_prefix_cache()
+        for ids in [prompt, *others]:
+            llm.generate([ids], params, use_tqdm=False)
+        (again,) = llm.generate([prompt], params, use_tqdm=False)
+        return again.num_cached_tokens
+
+    assert hits_after([]) == 144
     # 14 untouched blocks, then the prompt's blocks: a 15-block request must evict exactly one, its last
-    hits, taken = pl.eviction_hits(llm, prompt, [lu.random_prompt(239, rng)], params)
-    assert taken == 15 and hits == 144  # the evicted one was the 10th block, never looked up (last token)
-    hits, taken = pl.eviction_hits(llm, prompt, [lu.random_prompt(16 * 18 - 1, rng)], params)
-    assert taken == 18 and hits == 16 * 6
+    # (the 10th, never looked up: it holds the prompt's last token), so the hits stay
+    assert pool.blocks_needed(239 + 1) == 15 and hits_after([lu.random_prompt(239, rng)]) == 144
+    assert pool.blocks_needed(16 * 18) == 18 and hits_after([lu.random_prompt(16 * 18 - 1, rng)]) == 16 * 6

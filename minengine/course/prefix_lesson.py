@@ -1,10 +1,11 @@
 """Lesson 07's measurements: prefix-cache hits, TTFT and KV use for prompts built different ways.
 
-Why a module: every experiment of the lesson is "send these prompts, one after another or together, and
-read the engine's own counters" (the block manager's prefix_cache_queries / prefix_cache_hits, the
-StepRecords' prefill tokens and KV blocks, each RequestRecord's TTFT and cached tokens). Keeping that in
-one tested place leaves the notebook with the prompts and the questions. ``expected_hit_tokens`` is the
-prefix cache's rule written out by hand, so the lesson can hold the measured hits against it.
+Every experiment of the lesson is "send these prompts, one after another or together, and read the
+engine's own counters" (the StepRecords' prefill tokens, prefix-cache lookups and hits and KV blocks,
+each RequestRecord's TTFT and cached tokens). The loops that send them are in the notebook, in sight;
+:class:`PrefixRun` sums what they recorded, ``run_one_by_one`` is the same loop for the widget, and
+``run_together`` sends a workload with arrival times. ``expected_hit_tokens`` is the prefix cache's rule
+written out by hand, so the lesson can hold the measured hits against it.
 ``ASSISTANT_SYSTEM`` and ``chat_prompts`` give the real model (SmolLM2) a deployed assistant's system
 prompt through its chat template, whose own tokens come before the system message (``show_tokens``).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.core.sampling_params import SamplingParams
-from minengine.course.lessons import RunResult, WorkRequest, run_requests
+from minengine.course.lessons import WorkRequest, run_requests
 from minengine.course.real_model_lesson import chat_prompt
 
 # A system prompt of rules, the kind an assistant carries in front of every conversation.
@@ -75,6 +76,12 @@ class PrefixRun:
     queries: int  # prompt tokens looked up in the prefix cache
     hits: int  # of which found there
 
+    @classmethod
+    def of(cls, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> PrefixRun:
+        """The run these records make: the cache's lookups and hits summed over its steps."""
+        return cls(list(requests), list(steps), sum(s.prefix_cache_queries for s in steps),
+                   sum(s.prefix_cache_hits for s in steps))
+
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
@@ -117,26 +124,20 @@ class PrefixRun:
         return sum(r.num_preemptions for r in self.requests)
 
 
-def _collect(results: Sequence[RunResult]) -> PrefixRun:
-    requests = [r for res in results for r in res.requests]
-    steps = [s for res in results for s in res.steps]
-    return PrefixRun(requests, steps, sum(s.prefix_cache_queries for s in steps),
-                     sum(s.prefix_cache_hits for s in steps))
-
-
-def as_ids(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
-    return list(tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
-
-
 def run_one_by_one(llm: Any, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                    reset: bool = True) -> PrefixRun:
-    """Send the prompts one after another (each starts after the previous finished), as turns of a chat
-    or users a second apart would; ``reset`` empties the prefix cache first, so runs don't share it."""
-    engine = getattr(llm, "llm_engine", llm)
+    """Lesson 07's ``one_by_one`` loop (the notebook shows it), for the widget and the tests: each prompt
+    sent after the previous one finished, as turns of a chat or users a second apart would; ``reset``
+    empties the prefix cache first, so runs don't share it. ``llm`` is an ``LLM``."""
     if reset:
-        engine.scheduler.block_manager.reset_prefix_cache()
-    tok = engine.tokenizer
-    return _collect([run_requests(engine, [WorkRequest(0.0, as_ids(tok, p), params)]) for p in prompts])
+        llm.llm_engine.scheduler.block_manager.reset_prefix_cache()
+    requests: list[RequestRecord] = []
+    steps: list[StepRecord] = []
+    for prompt in prompts:
+        llm.generate([prompt], params, use_tqdm=False)
+        requests += llm.request_records
+        steps += llm.step_records
+    return PrefixRun.of(requests, steps)
 
 
 def run_together(llm: Any, work: Sequence[WorkRequest], reset: bool = True) -> PrefixRun:
@@ -144,22 +145,8 @@ def run_together(llm: Any, work: Sequence[WorkRequest], reset: bool = True) -> P
     engine = getattr(llm, "llm_engine", llm)
     if reset:
         engine.scheduler.block_manager.reset_prefix_cache()
-    return _collect([run_requests(engine, work)])
-
-
-def eviction_hits(llm: Any, prompt: Sequence[int], others: Sequence[Sequence[int]],
-                  params: SamplingParams) -> tuple[int, int]:
-    """Send ``prompt``, then every prompt of ``others``, then ``prompt`` again: its cached tokens the
-    second time, and the KV blocks the ``others`` took from the free pool (which evicts the oldest)."""
-    engine = getattr(llm, "llm_engine", llm)
-    bm = engine.scheduler.block_manager
-    bm.reset_prefix_cache()
-    run_requests(engine, [WorkRequest(0.0, list(prompt), params)])
-    for other in others:
-        run_requests(engine, [WorkRequest(0.0, list(other), params)])
-    blocks = sum(bm.blocks_needed(len(o) + (params.max_tokens or 0)) for o in others)
-    again = run_requests(engine, [WorkRequest(0.0, list(prompt), params)])
-    return again.requests[0].num_cached_tokens, blocks
+    run = run_requests(engine, work)
+    return PrefixRun.of(run.requests, run.steps)
 
 
 NAMES = ("Mia", "Sam", "Lily", "Ben", "Zoe", "Max", "Ava", "Leo", "Ruby", "Tom", "Nora", "Finn")
