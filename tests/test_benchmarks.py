@@ -372,6 +372,15 @@ def test_sim_speculative_smoke() -> None:
     assert sim_speculative.expected_tokens_per_step(rate, 3) == pytest.approx(2.39, abs=1e-6)
 
 
+def test_lab3_relay_smoke(tmp_path: Path) -> None:
+    from benchmarks import lab3_relay
+
+    rows = lab3_relay.main(["--smoke", "--json", str(tmp_path / "relay.json")])
+    assert [r["path"] for r in rows] == ["direct TCP", "through the relay"]
+    assert all(0 < r["median_extra_ms"] < 1000 for r in rows)  # a client is never ahead of the engine
+    assert (tmp_path / "relay.json").is_file()
+
+
 def test_policy_bridge_smoke(tmp_path: Path) -> None:
     from benchmarks import policy_bridge
 
