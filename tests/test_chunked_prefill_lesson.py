@@ -1,9 +1,11 @@
-"""Lesson 06's helpers (``minengine.course.chunked_prefill_lesson``): one long prompt next to decoding
-streams, on the real engine and in the simulator, read from the records."""
+"""Lesson 06's experiment: one long prompt next to decoding streams, on the real engine (the notebook's own
+``interference`` loop, taken from its cell) and in the simulator (``chunked_prefill_lesson``), read from the
+records."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from minengine.core.records import RequestRecord, StepRecord
 from minengine.course import chunked_prefill_lesson as cp
 
 STREAMS, LONG = 6, 400
+LESSON = Path(__file__).resolve().parents[1] / "lessons" / "06_chunked_prefill.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +24,28 @@ def model(torch_one_thread: None) -> Any:
     return shipped_llm().llm_engine.model
 
 
+def lesson_interference() -> Any:
+    """The lesson's ``interference`` loop, as its cell defines it, with this test's sizes."""
+    import random
+
+    import nbformat
+
+    import minengine
+    from minengine.course import lessons as lu
+    from minengine.engine.gc_heap import gc_heap_frozen
+
+    (cell,) = [c for c in nbformat.read(LESSON, as_version=4).cells
+               if c.cell_type == "code" and c.source.startswith("def interference(")]
+    namespace = {"random": random, "minengine": minengine, "lu": lu, "cp": cp,
+                 "gc_heap_frozen": gc_heap_frozen, "STREAMS": STREAMS, "LONG": LONG}
+    exec(cell.source, namespace)  # noqa: S102 (the lesson's own cell)
+    return namespace["interference"]
+
+
 @pytest.fixture(scope="module")
 def runs(model: Any) -> dict[str, cp.Interference]:
-    return {name: cp.interference_run(cp.budget_engine(model, budget, policy, STREAMS), STREAMS, LONG,
-                                      label=name)
+    interference = lesson_interference()
+    return {name: interference(cp.budget_engine(model, budget, policy, STREAMS), name)
             for name, budget, policy in (("off", None, "decode_first"), ("64", 64, "decode_first"),
                                          ("pf", 64, "prefill_first"))}
 

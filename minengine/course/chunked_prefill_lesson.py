@@ -1,16 +1,15 @@
-"""Lesson 06's measuring code: one long prompt joins a batch of decoding streams; what do they feel?
+"""Lesson 06's reading of one scenario: one long prompt joins a batch of decoding streams; what do they feel?
 
-Why a module: the same scenario runs on the real engine (``interference_run``) and in the simulator
+The scenario runs on the real engine (the notebook's ``interference`` loop, in sight) and in the simulator
 (``sim_interference``), and both are read by one function (``measure_interference``) from the records
 alone: the decoding streams' inter-token gaps while the long prompt is prefilled (the spike), the long
 prompt's TTFT, and the engine time its prefill cost. So a CPU measurement and an H100 prediction are
-the same numbers computed the same way.
+the same numbers computed the same way. ``budget_engine`` builds the engines the loop runs on.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +17,6 @@ from typing import Any
 import numpy as np
 
 from minengine.core.records import RequestRecord, StepRecord
-from minengine.core.sampling_params import SamplingParams
-from minengine.course.lessons import SHIPPED_VOCAB, random_prompt
-from minengine.engine.gc_heap import gc_heap_frozen
 
 SIM_MODEL = "llama-3.1-8b"
 SIM_MAX_LEN = 32_768
@@ -129,51 +125,6 @@ def interference_options(budget: int | None, policy: str = "decode_first", n_str
     return dict(max_num_seqs=n_streams + 4, enable_prefix_caching=False, max_model_len=max_model_len,
                 enable_chunked_prefill=budget is not None, max_num_batched_tokens=budget or max_model_len,
                 policy=policy, num_blocks=n_streams * 24 + math.ceil(max_model_len / 16) + 16)
-
-
-def interference_run(llm: Any, n_streams: int = 16, long_len: int = 1500, stream_prompt: int = 32,
-                     tail_steps: int = 8, vocab: int = SHIPPED_VOCAB, seed: int = 0, label: str = ""
-                     ) -> Interference:
-    """``n_streams`` requests start decoding; once every one streams, a ``long_len``-token prompt arrives.
-
-    Step-driven (not clock-driven), so every configuration sees the same situation: the long prompt
-    arrives after the same number of steps, whatever this machine's speed.
-    """
-    engine = getattr(llm, "llm_engine", llm)
-    config = engine.config
-    per_step = config.max_num_batched_tokens - n_streams if config.enable_chunked_prefill else long_len
-    if per_step < 1:
-        raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} leaves no room for the "
-                         "prompt")
-    window = math.ceil(long_len / per_step)
-    warm = math.ceil(n_streams * stream_prompt / config.max_num_batched_tokens) + 3
-    rng = random.Random(seed)
-    stream_params = SamplingParams(max_tokens=warm + 2 * window + tail_steps + 8, ignore_eos=True,
-                                   temperature=0)
-    steps_before = engine.engine_core.num_steps
-    streams = [engine.add_request(None, random_prompt(stream_prompt, rng, vocab), stream_params)
-               for _ in range(n_streams)]
-    long = None
-    try:
-        with gc_heap_frozen():  # a collector's pause would pass for the long prompt's interference
-            while any(len(r.record.token_times) < 3 for r in streams):
-                engine.step()
-            long = engine.add_request(None, random_prompt(long_len, rng, vocab),
-                                      SamplingParams(max_tokens=tail_steps + 2, ignore_eos=True,
-                                                     temperature=0))
-            while not long.record.token_times:
-                engine.step()
-            for _ in range(tail_steps):
-                engine.step()
-    finally:
-        engine.abort_request([r.request_id for r in [*streams, *([long] if long else [])]
-                              if not r.is_finished])
-    n = engine.engine_core.num_steps - steps_before
-    steps = list(engine.step_records)[-n:]
-    if any(r.record.finish_reason == "length" for r in streams):
-        raise RuntimeError("a stream finished before the window ended: the measurement would miss it")
-    assert long is not None
-    return measure_interference(label, [r.record for r in streams], long.record, steps, tail_steps)
 
 
 def budget_engine(model: Any, budget: int | None, policy: str = "decode_first", n_streams: int = 16) -> Any:
