@@ -186,24 +186,23 @@ class ServerProcess:
         self.stop()
         raise ServerProblem(self.failure)
 
-    def _socket(self, model: str) -> str | None:
-        port = self.status().get("ports", {}).get(model)
-        return port if isinstance(port, str) else None
+    def _client_options(self, model: str, timeout: httpx.Timeout | float, limits: httpx.Limits | None,
+                        transport: type) -> dict[str, Any]:
+        """httpx client options for ``model``: its base URL, and on Unix sockets a ``transport`` (httpx's
+        sync or async class) bound to the socket its status names."""
+        url = self.url(model)  # waits until it serves
+        port, limits = self.status()["ports"][model], limits or httpx.Limits()
+        uds = transport(uds=port, limits=limits) if isinstance(port, str) else None
+        return {"base_url": url, "transport": uds, "timeout": timeout, "limits": limits}
 
     def http(self, model: str = TINY, timeout: httpx.Timeout | float = 20.0,
              limits: httpx.Limits | None = None) -> httpx.Client:
         """A client for ``model``'s app, on its port or its Unix socket (paths relative to :meth:`url`)."""
-        url = self.url(model)
-        path, limits = self._socket(model), limits or httpx.Limits()
-        transport = httpx.HTTPTransport(uds=path, limits=limits) if path else None
-        return httpx.Client(base_url=url, transport=transport, timeout=timeout, limits=limits)
+        return httpx.Client(**self._client_options(model, timeout, limits, httpx.HTTPTransport))
 
     def async_http(self, model: str = TINY, timeout: httpx.Timeout | float = 20.0,
                    limits: httpx.Limits | None = None) -> httpx.AsyncClient:
-        url = self.url(model)
-        path, limits = self._socket(model), limits or httpx.Limits()
-        transport = httpx.AsyncHTTPTransport(uds=path, limits=limits) if path else None
-        return httpx.AsyncClient(base_url=url, transport=transport, timeout=timeout, limits=limits)
+        return httpx.AsyncClient(**self._client_options(model, timeout, limits, httpx.AsyncHTTPTransport))
 
     def openai(self, model: str = TINY, timeout: float = 20.0) -> Any:
         """The official openai SDK pointed at ``model`` (no retries: a failure is the server's)."""
