@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             res = (run_llamacpp(args.threads, args.batch, args.prompt, args.gen) if name == "llama.cpp f32"
                    else run_minengine(engines[name], args.batch, args.prompt, args.gen, seed=r))
             runs.setdefault(name, []).append(res)
+    peaks.append(measure_matmul_flops("cpu"))  # once more after the last round: a smoke run has one round
+    bandwidths.append(measure_read_bandwidth("cpu"))
     # The floors use the highest peak and bandwidth measured in the run, not each round's own: a reading
     # taken during a burst of load on this VM once came out at 286 GFLOP/s between two of 441-475, and
     # that round's ratios read 1.24-1.46x where the others read 1.88-2.15x (2026-12-02 22:18).

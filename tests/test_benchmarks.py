@@ -294,7 +294,10 @@ def test_batched_yardstick_runs_llama_batched_benchs_shape() -> None:
     r = batched_yardstick.main(["--smoke"])
     phased = r["summary"]["minengine prefill-first"]
     assert (phased["prefill_steps"], phased["decode_steps"]) == (1, r["args"]["gen"])
-    assert all(s["wall_s / floor"] > 1 and s["prefill_s / floor"] > 1 for s in r["summary"].values())
+    # Above 0.8, not 1: the floor's peak is a reading taken beside the run, and under the suite's load a
+    # smoke run's readings can all come out low (89 GFLOP/s against ~210 idle at 2 threads; the 64-token
+    # prompt phase then read 0.98x its floor, CI 2026-12-07). A FLOP count off by 2x would read 0.5-0.7x.
+    assert all(s["wall_s / floor"] > 0.8 and s["prefill_s / floor"] > 0.8 for s in r["summary"].values())
     config = common.hf_llama_config("llama-100m")
     prefill, decode = batched_yardstick.phase_flops(config, 3, 40, 7)
     expected = mixed_workload.workload_flops(config, [([5] * 40, 8)] * 3)
