@@ -5,16 +5,15 @@ records."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
+from notebook_cells import run_cells
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.course import chunked_prefill_lesson as cp
 
 STREAMS, LONG = 6, 400
-LESSON = Path(__file__).resolve().parents[1] / "lessons" / "06_chunked_prefill.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +27,13 @@ def lesson_interference() -> Any:
     """The lesson's ``interference`` loop, as its cell defines it, with this test's sizes."""
     import random
 
-    import nbformat
-
     import minengine
     from minengine.course import lessons as lu
     from minengine.engine.gc_heap import gc_heap_frozen
 
-    (cell,) = [c for c in nbformat.read(LESSON, as_version=4).cells
-               if c.cell_type == "code" and c.source.startswith("def interference(")]
     namespace = {"random": random, "minengine": minengine, "lu": lu, "cp": cp,
                  "gc_heap_frozen": gc_heap_frozen, "STREAMS": STREAMS, "LONG": LONG}
-    exec(cell.source, namespace)  # noqa: S102 (the lesson's own cell)
-    return namespace["interference"]
+    return run_cells("06_chunked_prefill", ["def interference("], namespace)["interference"]
 
 
 @pytest.fixture(scope="module")

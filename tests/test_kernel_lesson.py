@@ -1,8 +1,9 @@
 """Lesson 02's GEMV-kernel section (minengine.course.kernel_lesson), on tiny sizes.
 
-What is checked: the sizes rule (twice the cache, at least 256 MiB, capped), that every kernel reads
-the same bytes and torch's thread count is restored, that oneDNN's prepacked linear computes what
-F.linear does, the floor arithmetic, the degenerate one-thread run, the library/CPU lines and the plot.
+What is checked (the timing loop is the lesson's own cell): the sizes rule (twice the cache, at least
+256 MiB, capped), that every kernel reads the same bytes and torch's thread count is restored, the loop's
+warm-up and round-robin, that oneDNN's prepacked linear computes what F.linear does, the floor
+arithmetic, the degenerate one-thread run, the library/CPU lines and the plot.
 No timing is asserted (a shared machine decides those); only what the code counts.
 """
 
@@ -13,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from notebook_cells import run_cells
 
 from minengine.course import kernel_lesson as kl
 
@@ -46,9 +48,22 @@ def test_last_level_cache_is_a_size_or_none() -> None:
 
 
 # ------------------------------------------------------------------------------------------- measuring
+def lesson_kernels(sizes: kl.KernelSizes, threads: int) -> kl.KernelRun:
+    """The lesson's own ``time_kernels`` loop and measuring cell, on ``sizes``, with torch at ``threads``."""
+    import time
+
+    from minengine.engine.threads import torch_threads
+
+    namespace = {"torch": torch, "F": F, "math": math, "time": time, "rk": kl, "stack": sizes,
+                 "torch_threads": torch_threads, "tqdm": lambda it, **_: it}
+    with torch_threads(threads):
+        return run_cells("02_roofline", ["def time_kernels(", "weights = rk.build_weights("],
+                         namespace)["kernel_run"]
+
+
 def test_every_kernel_reads_the_same_bytes_and_threads_are_restored() -> None:
     before = torch.get_num_threads()
-    run = kl.measure_kernels(TINY, threads=2, progress=False)
+    run = lesson_kernels(TINY, threads=2)
     assert torch.get_num_threads() == before
     assert run.threads == 2
     kernels = {p.kernel for p in run.points}
@@ -64,12 +79,35 @@ def test_every_kernel_reads_the_same_bytes_and_threads_are_restored() -> None:
 
 
 def test_one_thread_measures_only_one_thread_and_missing_points_are_nan() -> None:
-    run = kl.measure_kernels(TINY, threads=1, progress=False, with_onednn=False)
-    assert run.threads == 1
-    assert [(p.kernel, p.threads) for p in run.points] == [(kl.SUM, 1), (kl.GEMV, 1)]
-    assert run.onednn_note and "not measured" in run.onednn_note
-    assert run.get(kl.GEMV, 2) is None and math.isnan(run.rate(kl.ONEDNN))
+    run = lesson_kernels(TINY, threads=1)
+    assert run.threads == 1 and {p.threads for p in run.points} == {1}
+    assert [p.kernel for p in run.points][:2] == [kl.SUM, kl.GEMV]
+    assert run.get(kl.GEMV, 2) is None and math.isnan(run.rate(kl.GEMV, 2))
     assert run.rate(kl.GEMV) == run.points[1].bytes_per_s  # "all threads" is the one thread
+
+
+def test_time_kernels_keeps_each_fastest_pass_after_a_warm_up() -> None:
+    from minengine.engine.threads import torch_threads
+
+    namespace = {"math": math, "time": __import__("time"), "torch_threads": torch_threads,
+                 "tqdm": lambda it, **_: it}
+    time_kernels = run_cells("02_roofline", ["def time_kernels("], namespace)["time_kernels"]
+    calls: list[str] = []
+    passes = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    best = time_kernels(passes, (1, 2), rounds=2)
+    assert calls == ["a", "a", "b", "b"] * 3  # a warm-up round, then 2 kept, round-robin over the kernels
+    assert list(best) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    calls.clear()
+    more = time_kernels(passes, (1, 2), rounds=1, best={k: 0.0 for k in best})
+    assert calls == ["a", "a", "b", "b"]  # no warm-up when adding passes to earlier ones
+    assert set(more.values()) == {0.0}  # the fastest of old and new
+
+
+def test_a_gemv_faster_than_the_sum_by_more_than_noise_is_flagged() -> None:
+    fast_gemv = kl.KernelRun.of({(kl.SUM, 1): 1.0, (kl.GEMV, 1): 1.0 / (kl.NOISE + 0.1)}, 10**9)
+    assert fast_gemv.gemv_beats_the_sum and fast_gemv.threads == 1
+    within_noise = kl.KernelRun.of({(kl.SUM, 1): 1.0, (kl.GEMV, 1): 1.0 / (kl.NOISE - 0.1)}, 10**9)
+    assert not within_noise.gemv_beats_the_sum
 
 
 def test_onednn_linear_computes_what_f_linear_does() -> None:

@@ -1,8 +1,9 @@
 """Lesson 02's helpers (minengine.course.roofline_lesson) and its roofline widget, without a browser.
 
 The arithmetic is checked against hand-derived values (matmul intensity, B* = ridge for bf16 weights,
-GQA attention intensity = group size); the measuring functions are run on tiny sizes to check what they
-count; the widget is driven by setting control values and reading its text, view and error.
+GQA attention intensity = group size); the measuring loops, the lesson's own cells, are run on tiny
+sizes to check what they count; the widget is driven by setting control values and reading its text,
+view and error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from notebook_cells import run_cells
 
 from minengine.course import roofline_lesson as rl
 from minengine.perf.hardware import get_accelerator
@@ -103,26 +105,40 @@ def test_knee_is_the_first_point_at_half_the_peak() -> None:
 
 
 # ------------------------------------------------------------------------------------------ measuring
+def lesson_loops() -> dict:
+    """The lesson's own ``matmul_sweep`` and ``decode_attention`` cells, on the CPU."""
+    from functools import partial
+
+    import torch
+    import torch.nn.functional as F
+
+    namespace = {"torch": torch, "F": F, "partial": partial, "rl": rl, "device": "cpu",
+                 "tqdm": lambda it, **_: it}
+    return run_cells("02_roofline", ["def project(", "def decode_attention("], namespace)
+
+
 def test_matmul_sweep_counts_every_matrix_it_cycles_through() -> None:
-    points, note = rl.matmul_sweep("fp32", TINY, progress=False)
+    matmul_sweep = lesson_loops()["matmul_sweep"]
+    points, note = matmul_sweep("fp32", TINY)
     assert note is None and [p.size for p in points] == list(TINY.ms)
     most = TINY.working_set_bytes // (128 * 128 * 4)
+    assert len(rl.weight_matrices("fp32", TINY)) == most
     assert points[0].repeats == most  # small M: the whole working set
     assert points[-1].repeats == max(1, int(TINY.flop_budget // (2 * 64 * 128 * 128)))  # large M: fewer
     for p in points:
         flops, nbytes = rl.matmul_flops_bytes(p.size, 128, 128, 4)
         assert (p.flops, p.bytes) == (p.repeats * flops, p.repeats * nbytes) and p.seconds > 0
-    bf16, _ = rl.matmul_sweep("bf16", TINY, progress=False)
+    bf16, _ = matmul_sweep("bf16", TINY)
     assert bf16[0].intensity == pytest.approx(2 * points[0].intensity)
 
 
 def test_sweep_stops_when_a_dtype_is_too_slow() -> None:
-    points, note = rl.matmul_sweep("fp32", replace(TINY, max_call_s=1e-9), progress=False)
+    points, note = lesson_loops()["matmul_sweep"]("fp32", replace(TINY, max_call_s=1e-9))
     assert len(points) == 1 and note and "stopped at M = 1" in note
 
 
 def test_attention_and_elementwise_points_count_their_bytes() -> None:
-    att = rl.decode_attention_points(TINY, "fp32")
+    att = lesson_loops()["decode_attention"]("fp32", TINY)
     assert [p.size for p in att] == [1, 3]
     # grouped queries: intensity 2 x group / 4 bytes = 2 at a group of 4, whatever the batch (the
     # query and output add a little)

@@ -14,6 +14,8 @@ by each matrix in turn, like a decode step walking through a model's layers. Pas
 the kernels (so drift on a shared machine hits all of them alike) and each kernel keeps its fastest pass.
 The bandwidth is bytes read / seconds; the decode floor a kernel implies is a model's weight bytes over
 that bandwidth. Always on the CPU, also on a GPU machine: the section is about CPU kernels and threads.
+The timing loop itself (``time_kernels``) is in the notebook; this module holds the sizes, the weights,
+the kernels' set-up and what a run's points mean.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,10 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from minengine.engine.threads import torch_threads
 from minengine.perf.measure import blas_line, cpu_name
 from minengine.perf.model_presets import PRESETS
 from minengine.perf.model_spec import estimate_num_params
@@ -133,6 +131,13 @@ class KernelRun:
     threads: int
     onednn_note: str | None = None
 
+    @classmethod
+    def of(cls, best: dict[tuple[str, int], float], nbytes: int, onednn_note: str | None = None) -> KernelRun:
+        """The run from the fastest pass of each (kernel, threads), in measuring order; "all threads" is the
+        largest count measured."""
+        points = tuple(ReadPoint(kernel, n, nbytes, seconds) for (kernel, n), seconds in best.items())
+        return cls(points, max(p.threads for p in points), onednn_note)
+
     def get(self, kernel: str, threads: int | None = None) -> ReadPoint | None:
         """The point of ``kernel`` at ``threads`` (default: all threads), or None if not measured."""
         want = self.threads if threads is None else threads
@@ -152,6 +157,12 @@ class KernelRun:
     @property
     def fastest_gemv(self) -> ReadPoint:
         return max((p for p in self.points if p.kernel != SUM), key=lambda p: p.bytes_per_s)
+
+    @property
+    def gemv_beats_the_sum(self) -> bool:
+        """A GEMV read faster than the streaming sum, by more than timing noise. It cannot on memory: a
+        busy moment during the sum's passes (so measure more), or weights left in a cache."""
+        return self.fastest_gemv.bytes_per_s > NOISE * self.best_read.bytes_per_s
 
 
 def floor_rows(run: KernelRun,
@@ -190,56 +201,6 @@ def onednn_linears(weights: torch.Tensor
         # an API that moved or a CPU it rejects
         return None, f"oneDNN's prepacked linear did not run here ({type(err).__name__}: {err})"
     return layers, None
-
-
-def measure_kernels(sizes: KernelSizes, threads: int | None = None, progress: bool = True,
-                    with_onednn: bool = True) -> KernelRun:
-    """Time each kernel over the same weight stack with 1 thread and with ``threads`` (default: torch's
-    count now), round-robin, fastest pass each; torch's thread count is restored afterwards."""
-    all_threads = max(1, threads or torch.get_num_threads())
-    counts = (1, all_threads) if all_threads > 1 else (1,)
-    weights = build_weights(sizes)
-    x = torch.ones(1, sizes.cols)
-    nbytes = weights.numel() * weights.element_size()
-    gemv_passes: dict[str, Callable[[], Any]] = {
-        SUM: lambda: weights.sum(),
-        GEMV: lambda: [F.linear(x, w) for w in weights],
-    }
-    note = "not measured (with_onednn=False)"
-    if with_onednn:
-        layers, note = onednn_linears(weights)
-        if layers is not None:
-            gemv_passes[ONEDNN] = lambda: [layer(x) for layer in layers]
-    jobs = [(k, n) for k in KERNELS if k in gemv_passes for n in counts]
-    best = dict.fromkeys(jobs, math.inf)
-
-    def one_pass(keep: bool) -> None:
-        for kernel, n in jobs:
-            with torch_threads(n):
-                t0 = time.perf_counter()
-                gemv_passes[kernel]()
-                seconds = time.perf_counter() - t0
-            if keep:
-                best[kernel, n] = min(best[kernel, n], seconds)
-            bar.update()
-
-    def run_so_far() -> KernelRun:
-        return KernelRun(tuple(ReadPoint(k, n, nbytes, best[k, n]) for k, n in jobs), all_threads, note)
-
-    with torch.no_grad(), tqdm(total=(sizes.repeats + 1) * len(jobs), desc="GEMV kernels",
-                               disable=not progress) as bar:
-        for rep in range(sizes.repeats + 1):  # pass 0 is a warm-up (page faults, oneDNN's first call)
-            one_pass(keep=rep > 0)
-        # A GEMV cannot read faster than the streaming sum; when one seems to, another program most likely
-        # held a core during the sum's passes. More passes (fastest kept) let the sum show its real rate;
-        # a GEMV that really beats it (weights left in a cache) still does after them.
-        for _ in range(EXTRA_PASSES):
-            run = run_so_far()
-            if run.fastest_gemv.bytes_per_s <= NOISE * run.best_read.bytes_per_s:
-                break
-            bar.total += len(jobs)
-            one_pass(keep=True)
-    return run_so_far()
 
 
 # ------------------------------------------------------------------------------------------- this machine

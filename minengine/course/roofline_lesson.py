@@ -1,8 +1,8 @@
-"""Lesson 02's measurements and arithmetic: matmul sweeps, kernel points, the critical batch, what-ifs.
+"""Lesson 02's arithmetic and helpers: sweep sizes and weights, kernel points, the critical batch, what-ifs.
 
 Why a module: the lesson places *measured* kernels on a roofline (a matmul at M = 1 ... 4096, decode
-attention over a batch, element-wise ops), and the widget and the tests need the same FLOP and byte
-counts, so they live in one tested place and the notebook stays short.
+attention over a batch, element-wise ops). The measuring loops are in the notebook, where learners read
+and change them; the widget and the tests need the same FLOP and byte counts, which live here.
 
 Conventions. A point's intensity is its FLOPs over the bytes the operation must move at least (each input
 read once, each output written once): what a well-written kernel moves. Eager PyTorch may move more (a
@@ -118,55 +118,15 @@ def sweep_sizes(device: str | torch.device = "cpu", headless: bool = False) -> S
 
 
 # ------------------------------------------------------------------------------------------- sweeps
-def matmul_sweep(dtype: str, sizes: SweepSizes, device: str | torch.device = "cpu", progress: bool = True
-                 ) -> tuple[list[KernelPoint], str | None]:
-    """Time ``F.linear`` of [M, k] by a [k, k] weight (the model's projections) for every M of ``sizes`` in
-    ``dtype``; returns the points and a note (or None)
-    when the sweep stopped early because this device runs that dtype too slowly for the time budget."""
+def weight_matrices(dtype: str, sizes: SweepSizes, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """The [k, k] matrices the lesson's matmul sweep uses in turn, like a model's layers: enough of them
+    to fill ``sizes.working_set_bytes``, so small-M points stream their weights from memory instead of
+    re-reading one matrix that a large cache holds. Seeded random values: the speed depends on the
+    bytes, not on them."""
     dev, dt = torch.device(device), DTYPES[dtype]
-    k, size = sizes.k, torch.finfo(DTYPES[dtype]).bits // 8
-    most = max(1, math.ceil(sizes.working_set_bytes / (k * k * size)))
+    count = max(1, math.ceil(sizes.working_set_bytes / (sizes.k * sizes.k * torch.finfo(dt).bits // 8)))
     gen = torch.Generator(device=dev).manual_seed(0)
-    weights = [torch.randn(k, k, device=dev, dtype=dt, generator=gen) for _ in range(most)]
-    points: list[KernelPoint] = []
-    note = None
-    for m in tqdm(sizes.ms, desc=f"matmul sweep ({dtype})", disable=not progress):
-        x = torch.randn(m, k, device=dev, dtype=dt, generator=gen)
-        flops, nbytes = matmul_flops_bytes(m, k, k, size)
-        count = int(min(most, max(1, sizes.flop_budget // flops)))
-        mats = weights[:count]
-
-        def run(x: torch.Tensor = x, mats: list[torch.Tensor] = mats) -> None:
-            for w in mats:
-                F.linear(x, w)  # x @ w.T, as the model's projections run
-
-        seconds = fastest_time(run, dev, sizes.repeats, budget_s=sizes.max_call_s)
-        points.append(KernelPoint("matmul", dtype, m, count * flops, count * nbytes, seconds, count))
-        if m != sizes.ms[-1] and seconds / count * 2 > sizes.max_call_s:
-            note = (f"{dtype} sweep stopped at M = {m}: one {m} x {k} x {k} matmul took "
-                    f"{seconds / count:.2f} s here, so the next would exceed the lesson's time budget")
-            break
-    return points, note
-
-
-def decode_attention_points(sizes: SweepSizes, dtype: str, device: str | torch.device = "cpu"
-                            ) -> list[KernelPoint]:
-    """One decode step's attention for each batch: every sequence's one new query against its own
-    ``attention_context`` cached keys and values, GQA heads grouped (each KV head read once)."""
-    dev, dt = torch.device(device), DTYPES[dtype]
-    heads, kv_heads, head_dim = sizes.attention_heads
-    group, size, ctx = heads // kv_heads, torch.finfo(dt).bits // 8, sizes.attention_context
-    points = []
-    for b in sizes.attention_batches:
-        k = torch.randn(b, kv_heads, ctx, head_dim, device=dev, dtype=dt)
-        v = torch.randn_like(k)
-        q = torch.randn(b, kv_heads, group, head_dim, device=dev, dtype=dt)  # a group's queries share K/V
-        seconds = fastest_time(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), dev, 5)
-        flops = 4.0 * heads * head_dim * ctx * b  # QK^T and PV: 2 FLOPs each per (head, key, dim)
-        nbytes = size * b * (2 * kv_heads * ctx * head_dim + 2 * heads * head_dim)  # K, V; q in, out
-        points.append(KernelPoint("decode attention", dtype, b, flops, nbytes, seconds))
-        del k, v, q
-    return points
+    return [torch.randn(sizes.k, sizes.k, device=dev, dtype=dt, generator=gen) for _ in range(count)]
 
 
 def elementwise_points(sizes: SweepSizes, dtype: str, device: str | torch.device = "cpu"
