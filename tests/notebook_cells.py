@@ -3,6 +3,7 @@ change them, so their tests execute those cells (found by how they begin) rather
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -22,4 +23,14 @@ def run_cells(lesson: str, starts: list[str], namespace: dict[str, Any]) -> dict
     """Execute each cell (by its beginning) in ``namespace``, in order, and return the namespace."""
     for start in starts:
         exec(cell_source(lesson, start), namespace)  # noqa: S102 (the lesson's own cell)
+    return namespace
+
+
+def define(lesson: str, starts: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Only the functions that each cell (by its beginning) defines, in ``namespace``: a cell that
+    defines a stage and then runs it on the lesson's data is tested on the test's own data."""
+    for start in starts:
+        tree = ast.parse(cell_source(lesson, start))
+        tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+        exec(compile(tree, f"<{lesson}: {start}>", "exec"), namespace)  # noqa: S102 (the lesson's own cell)
     return namespace

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from notebook_cells import define
 
 from minengine.core.records import RequestRecord, StepRecord
 from minengine.course import capacity_lesson as cl
@@ -95,20 +96,35 @@ def test_engine_options_name_the_problem() -> None:
         dg.engine_options("slow disks")
 
 
+def lesson_stages() -> dict:
+    """The five diagnosis stages as the notebook's cells define them."""
+    import math
+
+    namespace = {"np": np, "math": math, "dg": dg}
+    define("09_disaggregation_capacity", ["import math"], namespace)  # its ms()
+    return define("09_disaggregation_capacity", [f"def {name}(" for name in STAGES], namespace)
+
+
+STAGES = ("worst_trace", "length_groups", "quiet_vs_loaded", "mixed_batches", "cache_pressure")
+
+
 def test_stages_flag_their_own_problem() -> None:
+    st = lesson_stages()
     quiet = [_record(i, float(i), 50, 0.01, [0.002] * 5) for i in range(5)]
     queued = [_record(i, 0.0, 50, 0.5, [0.002] * 5, queue=0.45) for i in range(5)]
-    cmp, f3 = dg.quiet_vs_loaded(quiet, queued)
-    assert f3.flagged and cmp.ttft_ratio == pytest.approx(50) and cmp.queue_share == pytest.approx(0.9)
-    assert not dg.quiet_vs_loaded(quiet, quiet)[1].flagged
+    f3 = st["quiet_vs_loaded"](quiet, queued)
+    assert f3.flagged and "p50 TTFT 50.0x" in f3.text and "90 % of it spent waiting" in f3.text
+    assert not st["quiet_vs_loaded"](quiet, quiet).flagged
     pure = [StepRecord(i, i, i + 0.002, num_decode_seqs=8) for i in range(20)]
     spike = StepRecord(99, 30, 30.2, num_prefill_tokens=900, num_decode_seqs=8, num_prefill_seqs=1)
-    assert dg.mixed_batches([*pure, spike]).flagged and not dg.mixed_batches(pure).flagged
+    assert st["mixed_batches"]([*pure, spike]).flagged and not st["mixed_batches"](pure).flagged
+    assert st["mixed_batches"]([spike]).text == "no mixed steps to compare"
     full = [StepRecord(0, 0, 1, kv_blocks_used=10, kv_blocks_total=10, num_preempted=2)]
-    assert dg.cache_pressure(full, queued).flagged and not dg.cache_pressure(pure, queued).flagged
-    r, f1 = dg.worst_trace(queued + quiet)
+    assert st["cache_pressure"](full, queued).flagged and not st["cache_pressure"](pure, queued).flagged
+    r, f1 = st["worst_trace"](queued + quiet)
     assert r in queued and "queue" in f1.text.split("most of its time: ")[1]
-    assert "short prompts" in dg.length_groups(quiet).text
+    groups = st["length_groups"](quiet + [_record(9, 9.0, 900, 0.3, [0.01] * 3)]).text
+    assert "short prompts (5)" in groups and "long prompts (1)" in groups
 
 
 def test_verdict_prefers_the_most_specific_stage() -> None:
@@ -133,9 +149,10 @@ def test_thrashing_run_is_found_on_the_real_engine() -> None:
     work = dg.traffic(10, float("inf"), seed=2, long_fraction=0.4)
     run = lu.run_requests(llm, work)
     quiet = lu.run_requests(lu.shipped_llm(**dg.engine_options("queueing")), dg.quiet_traffic(work, 4, 0.2))
-    findings = [dg.worst_trace(run.requests)[1], dg.length_groups(run.requests),
-                dg.quiet_vs_loaded(quiet.requests, run.requests)[1], dg.mixed_batches(run.steps),
-                dg.cache_pressure(run.steps, run.requests)]
+    st = lesson_stages()
+    findings = [st["worst_trace"](run.requests)[1], st["length_groups"](run.requests),
+                st["quiet_vs_loaded"](quiet.requests, run.requests), st["mixed_batches"](run.steps),
+                st["cache_pressure"](run.steps, run.requests)]
     assert findings[4].flagged and dg.verdict(findings) == "thrashing"
 
 
