@@ -318,3 +318,20 @@ def test_efficiency_table_has_a_source_for_every_row() -> None:
     assert efficiency_for("l4", 2) is GENERIC
     cm = CostModel.create("llama-2-7b", "a100", compute_efficiency=0.5)
     assert cm.eff.gemm_compute == cm.eff.attention_compute == 0.5 and cm.eff.weight_stream == 0.74
+
+
+def test_quiz5_q10_step_times_come_from_the_cost_model_and_fit_each_scenario() -> None:
+    """Quiz 5 Q10 quotes step times of Llama-3.1-8B on an H100 priced by this cost model; each scenario's
+    premise must hold in them: a whole 8,000-token prompt (chunking off) or a 16,384-token budget makes a
+    step many decode steps long, and a 512-token chunk breaks a TPOT SLO of 1.25x a decode step that
+    pure decode steps meet."""
+    import runpy
+    from pathlib import Path
+
+    params = runpy.run_path(str(Path(__file__).resolve().parents[1] / "quizzes/quiz5_final/params.py"))
+    ms = params["q10_step_ms"]()
+    assert 5 < ms["decode"] < 30  # 64 streams of an 8B model on an H100: a few weight reads' worth
+    assert ms["prompt_8k"] > 10 * ms["decode"] and ms["budget_16k"] > 2 * ms["prompt_8k"]
+    assert 1.25 * ms["decode"] < ms["chunk_512"] < 3 * ms["decode"]
+    cost = CostModel.create("llama-3.1-8b", "h100-sxm", dtype="bf16")
+    assert ms["chunk_512"] == pytest.approx(1e3 * cost.step_time([(1, 2047)] * 64 + [(512, 4096)]))

@@ -408,23 +408,42 @@ def _where_to_look(rng: random.Random) -> dict:
     return {"q9_symptoms": symptoms, **_marks("q9", ("budget", "cache", "load"), kind), "q9_why": repr(why)}
 
 
+def q10_step_ms() -> dict[str, float]:
+    """Q10's step times (ms), priced by the course's cost model (minengine.perf.roofline, the simulator's):
+    Llama-3.1-8B in bf16 on one H100 SXM, 64 streams decoding at 2K context, alone or in one step with a
+    whole 8,000-token prompt, 16,384 prompt tokens, or a 512-token chunk of a prompt 4,096 tokens in."""
+    from minengine.perf.roofline import CostModel
+
+    cost = CostModel.create("llama-3.1-8b", "h100-sxm", dtype="bf16")
+    decodes = [(1, 2047)] * 64
+    return {name: 1e3 * cost.step_time(decodes + extra)
+            for name, extra in (("decode", []), ("prompt_8k", [(8000, 0)]), ("budget_16k", [(16384, 0)]),
+                                ("chunk_512", [(512, 4096)]))}
+
+
 def _next_step(rng: random.Random) -> dict:
     """Q10: the fix for stalls in mixed steps follows from what is already in place: chunked prefill off
     (turn it on), on with a huge budget (lower it), on with a small budget and TTFT at its SLO (split)."""
     kind = rng.choice(["chunk", "budget", "split"])
+    ms = {name: round(t, -1) if t > 100 else t for name, t in q10_step_ms().items()}  # 247.5 -> 250
+    decode = f"{ms['decode']:.0f} ms"
     setup = {
-        "chunk": ("runs with chunked prefill **off**. Its p99 ITL is 450 ms against a median of 24 ms; the "
-                  "slow gaps come in the steps that also carry a long prompt, which take about 20 times "
-                  "longer than the others. TTFT meets its SLO with room to spare."),
-        "budget": ("runs with chunked prefill on and `max_num_batched_tokens = 16384`. Its p99 ITL is 450 ms "
-                   "against a median of 24 ms; the slow gaps come in the steps that carry up to 16,384 "
-                   "tokens of a long prompt, which take about 20 times longer than the others. TTFT meets "
-                   "its SLO with room to spare."),
+        "chunk": (f"runs with chunked prefill **off**. Its p99 ITL is {ms['prompt_8k']:.0f} ms against a "
+                  f"median of {decode}; the slow gaps come in the steps that also carry a whole "
+                  f"8,000-token prompt, which take about {ms['prompt_8k'] / ms['decode']:.0f} times longer "
+                  "than the others. TTFT meets its SLO with room to spare."),
+        "budget": ("runs with chunked prefill on and `max_num_batched_tokens = 16384`. Its p99 ITL is "
+                   f"{ms['budget_16k']:.0f} ms against a median of {decode}; the slow gaps come in the steps "
+                   "that carry up to 16,384 tokens of a long prompt, which take about "
+                   f"{ms['budget_16k'] / ms['decode']:.0f} times longer than the others. TTFT meets its SLO "
+                   "with room to spare."),
         "split": ("runs with chunked prefill on and `max_num_batched_tokens = 512`, under a tight TPOT SLO "
-                  "of 10 ms that a tenth of the requests miss: their streams share many steps with 512-token "
-                  "prompt chunks, which take about 15 ms against 8 ms for the others. The long prompts' p99 "
-                  "TTFT is already at its SLO. The GPUs share a fast fabric."),
-    }[kind]
+                  f"of {ms['decode'] * 1.25:.0f} ms that a tenth of the requests miss: their streams share "
+                  f"many steps with 512-token prompt chunks, which take about {ms['chunk_512']:.0f} ms "
+                  f"against {decode} for the others. The long prompts' p99 TTFT is already at its SLO. The "
+                  "GPUs share a fast fabric."),
+    }[kind] + (" (Llama-3.1-8B in bf16 on H100s, 64 streams decoding: step times from the course's cost "
+               "model.)")
     why = {
         "chunk": ("The slow gaps sit in steps that hold a whole long prompt next to the decodes, and every "
                   "decoding stream waits for each of them. Chunked prefill with a token budget bounds every "
