@@ -85,6 +85,31 @@ def test_kernel_matches_the_reference_path(h_q: int, h_kv: int, d: int, window: 
     torch.testing.assert_close(single, expected[1:2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_short_chunks_take_the_kernel_and_match_the_reference_path(window: int | None) -> None:
+    """A step of a decode, a 5-token verify-like chunk after context, a 3-token prompt with no context,
+    an 8-token chunk (the longest the kernel takes) and a 20-token chunk (the reference path's): the cpp
+    backend gives what the gather backend gives, and attends every chunk of 8 tokens or fewer in place."""
+    from minengine.models.attention.backends import SHORT_CHUNK_TOKENS, get_attention_backend
+
+    query_lens, seq_lens = [1, 5, 3, 8, 20], [33, 41, 3, 25, 50]
+    bs, h_q, h_kv, d = 8, 6, 2, 32
+    tables, k_cache, v_cache, _ = _case(4, seq_lens, h_q, h_kv, d, bs, share=False)
+    g = torch.Generator().manual_seed(4)
+    n = sum(query_lens)
+    q, k, v = torch.randn(n, h_q, d, generator=g), torch.randn(n, h_kv, d, generator=g), torch.randn(
+        n, h_kv, d, generator=g)
+    outs = {}
+    for name in ("gather", "cpp"):
+        backend = get_attention_backend(name)
+        meta = backend.build_metadata(query_lens, seq_lens, tables, bs, CPU)
+        outs[name] = backend.forward(q, k, v, (k_cache.clone(), v_cache.clone()), meta, d**-0.5, window)
+        if name == "cpp":
+            assert meta.fast_chunks == {1, 2, 3} and SHORT_CHUNK_TOKENS == 8
+            assert meta.decode_batch.rows.tolist() == list(range(17)) and list(meta.context_slots) == [4]
+    torch.testing.assert_close(outs["cpp"], outs["gather"], rtol=1e-5, atol=1e-5)
+
+
 def test_padded_rows_and_a_wide_table_change_nothing() -> None:
     lens = [9, 30, 3]
     tables, k_cache, v_cache, q = _case(2, lens, 4, 2, 16, 4)

@@ -166,16 +166,18 @@ def test_decode_rows_are_packed_rows_not_sequence_indices() -> None:
     packed batch are then not their sequence indices (a 32-request chunked run caught this)."""
     if not cpu_kernels.load():
         pytest.skip(f"the C++ kernels are not built: {cpu_kernels.build_error()}")
-    query_lens, seq_lens, tables, bs = [5, 1, 3, 1], [9, 6, 3, 2], [[0, 1, 2], [3, 4], [5], [6]], 4
+    # chunks longer than SHORT_CHUNK_TOKENS (shorter ones are kernel rows too: test_cpu_kernels.py)
+    query_lens, seq_lens, bs = [10, 1, 9, 1], [13, 6, 9, 2], 4
+    tables = [[0, 1, 2, 7], [3, 4], [5, 8, 9], [6]]
     meta = CppBackend().build_metadata(query_lens, seq_lens, tables, bs, CPU)
     assert meta.decode_batch is not None
-    assert meta.decode_batch.rows.tolist() == [5, 9]  # after the 5-token chunk and the 3-token prompt
+    assert meta.decode_batch.rows.tolist() == [10, 20]  # after the 10-token chunk and the 9-token prompt
     assert meta.decode_batch.seq_lens[:2].tolist() == [6, 2]
     # and the mixed step attends as the reference does: each decode's output lands in its own row
     g = torch.Generator().manual_seed(4)
     n = sum(query_lens)
     q, k, v = (torch.randn(n, h, 8, generator=g) for h in (4, 2, 2))
-    cache = torch.randn(8, bs, 2, 8, generator=g), torch.randn(8, bs, 2, 8, generator=g)
+    cache = torch.randn(10, bs, 2, 8, generator=g), torch.randn(10, bs, 2, 8, generator=g)
     ref_meta = ReferenceBackend().build_metadata(query_lens, seq_lens, tables, bs, CPU)
     assert ref_meta.decode_batch is None
     expected = ReferenceBackend().forward(q, k, v, tuple(c.clone() for c in cache), ref_meta, 8**-0.5, None)

@@ -13,7 +13,8 @@ Backends (``EngineConfig.attention_backend``; the engine reports which one it ru
 - ``"gather"``: the readable reference in PyTorch (``reference.py``): each context is gathered out of
   its blocks, then SDPA. Runs everywhere; every other backend is tested against it.
 - ``"cpp"``: a CPU's default in fp32: decodes read the cache in place in a C++ kernel
-  (``models/csrc/paged_attention.cpp``), prompt chunks take the reference path.
+  (``models/csrc/paged_attention.cpp``), and so do chunks of at most ``SHORT_CHUNK_TOKENS`` (a
+  speculative verify), one kernel row per token; longer prompt chunks take the reference path.
 - ``"triton"``: a GPU's default: one Triton kernel per layer for the whole step, reading the pages in
   place (``triton_kernels.py``). CI runs it on a CPU under ``TRITON_INTERPRET=1``.
 
@@ -63,8 +64,17 @@ class ReferenceBackend(AttentionBackend):
         return paged_attention(q, k, v, kv_cache, meta, scale, sliding_window)
 
 
+# A chunk of at most this many tokens is attended by the decode kernel, one row per token, each row
+# seeing the context up to its own position (causal by seq_len). A speculative verify (1 + k tokens) is
+# such a chunk: through the reference path it gathered its whole context and ran a masked SDPA, which
+# made a verify step of SmolLM2-135M cost ~1.4x a decode step. The price: each row re-reads the context,
+# k + 1 reads instead of one, small next to the weights at these lengths.
+SHORT_CHUNK_TOKENS = 8
+
+
 class CppBackend(ReferenceBackend):
-    """The reference path, with the step's decodes attended in place by the CPU's C++ kernel (fp32)."""
+    """The reference path, with the step's decodes and short chunks attended in place by the CPU's C++
+    kernel (fp32)."""
 
     name = "cpp"
 
@@ -73,14 +83,20 @@ class CppBackend(ReferenceBackend):
         from minengine.models.paged_decode import build_decode_batch
 
         meta = AttentionMetadata.build(query_lens, seq_lens, block_tables, block_size, device=device)
-        decodes = [i for i, n in enumerate(query_lens) if n == 1]
-        if decodes:
-            batch = build_decode_batch([block_tables[i] for i in decodes], [seq_lens[i] for i in decodes],
-                                       block_size, 0, backend="cpp", device=device)
-            # the decodes' rows of the packed batch: a sequence's index is its row only while no prompt
+        rows, tables, lens = [], [], []
+        for i, (n, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
+            if n <= SHORT_CHUNK_TOKENS:  # token j of the chunk sees the context up to itself
+                start = meta.query_start_loc[i]
+                rows += range(start, start + n)
+                tables += [block_tables[i]] * n
+                lens += range(s - n + 1, s + 1)
+        if rows:
+            batch = build_decode_batch(tables, lens, block_size, 0, backend="cpp", device=device)
+            # the rows of the packed batch these are: a sequence's index is its row only while no prompt
             # chunk comes before it in the step (a running request's next chunk can)
-            batch.rows = torch.tensor([meta.query_start_loc[i] for i in decodes], device=device)
+            batch.rows = torch.tensor(rows, device=device)
             meta.decode_batch = batch
+            meta.fast_chunks = frozenset(i for i, n in enumerate(query_lens) if 1 < n <= SHORT_CHUNK_TOKENS)
         return meta
 
 

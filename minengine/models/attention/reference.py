@@ -57,6 +57,8 @@ class AttentionMetadata:
     block_size: int = 16
     # The fast path's decodes (rows decode_batch.rows), attended in place; None: the reference path.
     decode_batch: DecodeBatch | None = field(default=None, repr=False, compare=False)
+    # Sequences whose short chunk the fast path attends too, one decode row per token (no gather).
+    fast_chunks: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
     # Filled by prepare(): decode groups per sliding window (None = full attention), and each prefill
     # sequence's context slots (by its index in the batch).
     decode_groups: dict[int | None, list[DecodeGroup]] = field(default_factory=dict, init=False, repr=False,
@@ -118,7 +120,7 @@ class AttentionMetadata:
             if window not in self.decode_groups:
                 self.decode_groups[window] = _decode_groups(self, decode_rows, device, window)
         for i, n in enumerate(query_lens):
-            if n > 1 and i not in self.context_slots:
+            if n > 1 and i not in self.context_slots and i not in self.fast_chunks:
                 self.context_slots[i] = _gather_slots(self, i, device)
 
     @classmethod
