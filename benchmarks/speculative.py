@@ -10,8 +10,9 @@ Workloads (the model's chat template, greedy):
   prompt, so prompt lookup finds most of it: the case speculation is for (summaries, code edits).
 * ``chat``: open questions under a shared system prompt. The answers reuse few n-grams of their prompts.
 
-Both engines share one loaded model; the rounds interleave them, so load drift hits both. A run is one
-``generate()`` of ``batch`` requests; its figure is output tokens / wall time (prefill included, which is
+Both engines share one loaded model; the rounds interleave them, so load drift hits both. A run is a
+``generate()`` of ``batch`` requests, once per group when there are more prompts than the batch (so every
+batch size runs all four); its figure is output tokens / wall time (prefill included, which is
 small next to 96 decode steps). Greedy tokens are checked identical with and without drafts. At batch 1 a
 decode step reads all the weights for one token, so a kept draft is nearly free; as the batch grows, the
 verify step's extra rows cost real compute, and the speedup falls.
@@ -63,17 +64,19 @@ def workload_prompts(tokenizer: Any, kind: str) -> list[list[int]]:
     return out
 
 
-def _runner(llm: Any, name: str, prompts: list[list[int]], params: Any, outputs: dict[str, Any],
+def _runner(llm: Any, name: str, groups: list[list[list[int]]], params: Any, outputs: dict[str, Any],
             kept: dict[str, int]) -> Any:
-    """One timed generate() of the batch: returns output tokens per second, keeps the tokens (to compare)
-    and adds the drafts it verified and kept to ``kept``."""
+    """One timed run: a generate() of each group of prompts (each group is one batch), one after the
+    other; returns output tokens per second, keeps the tokens (to compare) and adds the drafts it verified
+    and kept to ``kept``."""
 
     def run() -> float:
         before = llm.llm_engine.spec_decode_stats
         start = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs[name] = [o.outputs[0].token_ids for group in groups
+                         for o in llm.generate([{"prompt_token_ids": p} for p in group], params,
+                                               use_tqdm=False)]
         wall = time.perf_counter() - start
-        outputs[name] = [o.outputs[0].token_ids for o in outs]
         after = llm.llm_engine.spec_decode_stats
         if after is not None and before is not None:
             kept["drafts"] += after["num_draft_tokens"] - before["num_draft_tokens"]
@@ -81,6 +84,20 @@ def _runner(llm: Any, name: str, prompts: list[list[int]], params: Any, outputs:
         return sum(len(t) for t in outputs[name]) / wall
 
     return run
+
+
+def verify_cost(plain: Any, ngram: Any) -> dict[str, float]:
+    """Median forward time of the speculative engine's batch-1 verify steps against the plain engine's
+    batch-1 decode steps, from the steps each engine has recorded so far (what a kept draft must beat)."""
+    def forward_times(llm: Any, verify: bool) -> list[float]:
+        return [s.t_forward for s in llm.llm_engine.step_records
+                if s.num_decode_seqs == 1 and not s.num_prefill_tokens and bool(s.num_draft_tokens) == verify]
+
+    verify_times, decode_times = forward_times(ngram, True), forward_times(plain, False)
+    if not verify_times or not decode_times:
+        return dict.fromkeys(("verify_ms", "decode_ms", "ratio"), float("nan")) | {"verify_steps": 0}
+    v, d = statistics.median(verify_times), statistics.median(decode_times)
+    return {"verify_ms": v, "decode_ms": d, "ratio": v / d, "verify_steps": len(verify_times)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -117,19 +134,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for kind in kinds:
         prompts = workload_prompts(tokenizer, kind)
         for batch in batches:
-            batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+            # Every batch size runs every prompt: below the number of prompts, in turn, `batch` at a time
+            # (batch 1 once ran the first paragraph only, whose drafts were kept 39 % of the time where
+            # the four together kept 65 %); above it, the prompts repeat to fill the batch.
+            if batch < len(prompts):
+                groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+            else:
+                groups = [[prompts[i % len(prompts)] for i in range(batch)]]
             outputs: dict[str, list[list[int]]] = {}
             kept = {"drafts": 0, "accepted": 0}
-            runs = {name: _runner(llm, name, batch_prompts, params, outputs, kept)
+            runs = {name: _runner(llm, name, groups, params, outputs, kept)
                     for name, llm in engines.items()}
             timed = common.interleave(runs, args.rounds, bar)
             same = outputs["plain"] == outputs["ngram"]
             ratios = [s / p for s, p in zip(timed["ngram"].seconds, timed["plain"].seconds, strict=True)]
             rate = kept["accepted"] / kept["drafts"] if kept["drafts"] else 0.0
-            result = dict(workload=kind, batch=batch, plain_tok_s=timed["plain"].median,
+            result = dict(workload=kind, batch=batch, requests=sum(len(g) for g in groups),
+                          plain_tok_s=timed["plain"].median,
                           ngram_tok_s=timed["ngram"].median, speedup=statistics.median(ratios),
                           speedups=ratios, acceptance=rate, identical=same,
                           loads=timed["plain"].loads + timed["ngram"].loads)
+            if batch == 1 and kind == kinds[0]:  # the engines' records hold batch-1 runs only so far
+                result["verify_cost"] = verify_cost(engines["plain"], engines["ngram"])
+                forward = result["verify_cost"]
+                print(f"{kind}, batch 1: a verify step's forward {1e3 * forward['verify_ms']:.1f} ms "
+                      f"({forward['verify_steps']} steps) against a decode step's "
+                      f"{1e3 * forward['decode_ms']:.1f} ms: {forward['ratio']:.2f}x (medians)")
             results.append(result)
             rows.append((kind, batch, f"{result['plain_tok_s']:.1f}", f"{result['ngram_tok_s']:.1f}",
                          f"{result['speedup']:.2f}x", f"{100 * rate:.0f} %", "yes" if same else "NO"))

@@ -363,7 +363,41 @@ def test_speculative_smoke() -> None:
 
     r = speculative.main(["--smoke"])
     assert [x["batch"] for x in r["results"]] == [1, 2]
+    assert [x["requests"] for x in r["results"]] == [4, 4]  # every batch size runs all four paragraphs
+    assert "verify_cost" in r["results"][0] and "verify_cost" not in r["results"][1]  # batch 1 only
     assert all(x["identical"] for x in r["results"])  # greedy tokens unchanged by the drafts
+
+
+def test_speculative_verify_cost_compares_batch_1_verify_steps_with_plain_decode_steps() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks import speculative
+    from minengine.core.records import StepRecord
+
+    def engine(*steps: StepRecord) -> SimpleNamespace:
+        return SimpleNamespace(llm_engine=SimpleNamespace(step_records=list(steps)))
+
+    def step(forward: float, seqs: int = 1, drafts: int = 0, prefill: int = 0) -> StepRecord:
+        return StepRecord(0, 0.0, 1.0, num_decode_seqs=seqs, num_draft_tokens=drafts,
+                          num_prefill_tokens=prefill, t_forward=forward)
+
+    plain = engine(step(0.020), step(0.022), step(0.5, prefill=40), step(0.9, seqs=4))
+    ngram = engine(step(0.030, drafts=4), step(0.026, drafts=2), step(0.021), step(0.9, seqs=2, drafts=8))
+    cost = speculative.verify_cost(plain, ngram)
+    assert cost["verify_steps"] == 2 and cost["verify_ms"] == pytest.approx(0.028)
+    assert cost["decode_ms"] == pytest.approx(0.021) and cost["ratio"] == pytest.approx(0.028 / 0.021)
+    assert speculative.verify_cost(plain, plain)["verify_steps"] == 0  # no drafts: nothing to compare
+
+
+def test_verify_step_smoke_runs_both_paths_with_the_same_tokens() -> None:
+    from benchmarks import verify_step
+    from minengine.models.attention import backends
+
+    before = backends.SHORT_CHUNK_TOKENS
+    r = verify_step.main(["--smoke"])
+    assert backends.SHORT_CHUNK_TOKENS == before  # restored
+    assert r["identical"] and set(r["summary"]) == {"in place", "gathered"}
+    assert all(s["verify_steps"] > 0 and s["verify_ms"] > 0 for s in r["summary"].values())
 
 
 def test_sim_speculative_smoke() -> None:
