@@ -161,6 +161,7 @@ def run_minengine(path: str, policy: str, chunked: bool, compiled: bool, backend
             "prompt_tokens_computed": sum(s.num_prefill_tokens for s in steps),
             "compiled_steps": graph.num_steps - compiled_before if graph else 0,
         }
+        run.prefill_chunks = [c for s in steps for c in s.prefill_chunks]  # type: ignore[attr-defined]
         return list(llm.request_records), [list(o.outputs[0].token_ids) for o in outs]
 
     return run

@@ -10,9 +10,10 @@ call of the parts that should dominate, and charges each call its work:
 - **Linear layers** (``KernelLinear.run``: every projection, MLP and the LM head), by rows in the call,
   2 x rows x out x in FLOPs each: 1 row is a batch-1 decode, 2-64 rows batched decodes, more rows
   prompt chunks (with the step's decodes);
-- **decode attention** (the C++ paged kernel), charged the K/V bytes it must read: every context token's
-  K and V row, once;
-- **SDPA** (prompt chunks, and decodes where the kernel is not built), charged 4 x head_dim FLOPs per
+- **decode attention** (the C++ paged kernel: every decode, and every prompt chunk of at most
+  ``SHORT_CHUNK_TOKENS``, one kernel row per token), charged the K/V bytes it must read: every context
+  token's K and V row, once per row;
+- **SDPA** (longer prompt chunks, and decodes where the kernel is not built), charged 4 x head_dim FLOPs per
   (query, key) pair it needs (causal: the masked-out pairs are not work);
 - **the rest**: the run's wall time minus the above (element-wise ops, norms, RoPE, K/V writes, sampling,
   the scheduler and Python).
@@ -127,7 +128,8 @@ def measure(run: Callable[[mixed_workload.Workload], Any], work: mixed_workload.
         run(work)
         wall = time.perf_counter() - start
     return {"wall_s": wall, "peak_flops": peak, "read_bytes_per_s": bandwidth,
-            "parts": {k: {"calls": int(v[0]), "seconds": v[1], "work": v[2]} for k, v in tally.parts.items()}}
+            "parts": {k: {"calls": int(v[0]), "seconds": v[1], "work": v[2]} for k, v in tally.parts.items()},
+            "prefill_chunks": list(getattr(run, "prefill_chunks", []))}  # (tokens, context before) each
 
 
 def table(result: dict[str, Any]) -> str:

@@ -119,8 +119,9 @@ def test_linear_layers_smoke() -> None:
 
 def test_throughput_breakdown_counts_every_matmul_once() -> None:
     """The clocked run charges the Linear layers exactly the workload's projection, MLP and LM-head FLOPs
-    (every computed token once, logits only for the rows that sample), and SDPA exactly the causal pairs
-    of the prompt chunks; the parts fit inside the wall time."""
+    (every computed token once, logits only for the rows that sample), SDPA exactly the causal pairs of
+    the longer prompt chunks and the kernel the K/V rows of the rest; the parts fit inside the wall
+    time."""
     from benchmarks import mixed_workload, throughput_breakdown
 
     r = throughput_breakdown.main(["--smoke"])
@@ -131,15 +132,22 @@ def test_throughput_breakdown_counts_every_matmul_once() -> None:
     expected = 2 * linear * computed + 2 * head * sum(o for _, o in work)
     charged = sum(v["work"] for k, v in parts.items() if k.startswith("linear"))
     assert charged == pytest.approx(expected, rel=1e-9)
-    # prompts, chunked at 32 tokens: each chunk's queries against its context and itself, causally, in
-    # every layer (4 x head_dim FLOPs a pair and query head: q is head_dim x query heads)
-    pairs = sum(len(p) * (len(p) + 1) // 2 for p, _ in work)
+    from minengine.models import cpu_kernels
+    from minengine.models.attention.backends import SHORT_CHUNK_TOKENS
+
+    # prompt chunks (the run's own, from its step records) cover every prompt token once; each chunk's
+    # queries attend to its context and, causally, to itself, in every layer (4 x head_dim FLOPs a pair
+    # and query head: q is head_dim x query heads). Chunks of at most SHORT_CHUNK_TOKENS go to the kernel.
+    chunks = r["prefill_chunks"]
+    assert sum(n for n, _ in chunks) == sum(len(p) for p, _ in work)
+    short = SHORT_CHUNK_TOKENS if cpu_kernels.load() else 0
+    assert any(n <= SHORT_CHUNK_TOKENS for n, _ in chunks) and any(n > SHORT_CHUNK_TOKENS for n, _ in chunks)
+    pairs = sum(n * ctx + n * (n + 1) // 2 for n, ctx in chunks if n > short)
     assert parts["SDPA (prompt chunks)"]["work"] == pytest.approx(4 * q * pairs * config.num_hidden_layers,
                                                                   rel=1e-9)
-    from minengine.models import cpu_kernels
-
-    if cpu_kernels.load():  # every decode row through the kernel, charged its context's K and V once
+    if cpu_kernels.load():  # every kernel row (decodes, short chunks' tokens) charged its context's K and V
         contexts = sum(len(p) + t for p, o in work for t in range(1, o))
+        contexts += sum(ctx + j for n, ctx in chunks if n <= short for j in range(1, n + 1))
         kv_row = 2 * 4 * config.num_key_value_heads * (q // config.num_attention_heads)  # K and V, fp32
         assert parts["decode attention (C++ kernel)"]["work"] == kv_row * contexts * config.num_hidden_layers
     assert sum(v["seconds"] for v in parts.values()) < r["wall_s"]
