@@ -16,6 +16,12 @@ batch size runs all four); its figure is output tokens / wall time (prefill incl
 small next to 96 decode steps). Greedy tokens are checked identical with and without drafts. At batch 1 a
 decode step reads all the weights for one token, so a kept draft is nearly free; as the batch grows, the
 verify step's extra rows cost real compute, and the speedup falls.
+
+The simulator's prediction: its cost model is calibrated on this machine from the plain engine's own
+steps (``sim.calibrate.fit_cost_model``), then prices every step both engines recorded, a verify as a
+chunk of 1 + drafts (as ``sim.executor`` does); the predicted speedup is the plain steps' priced seconds
+over the speculative ones'. It predicts from the drafts that were made and kept, so it checks the
+pricing of verify steps against the engine, not the acceptance.
 """
 
 from __future__ import annotations
@@ -100,6 +106,34 @@ def verify_cost(plain: Any, ngram: Any) -> dict[str, float]:
     return {"verify_ms": v, "decode_ms": d, "ratio": v / d, "verify_steps": len(verify_times)}
 
 
+def priced_seconds(cost_model: Any, step: Any) -> float:
+    """A recorded step as the simulator prices it: its prompt chunks, and each decode as a chunk of one
+    token plus its drafts after its context, sampling one LM-head row per decode token. A step records its
+    drafts in total, so they are spread evenly over its decodes (exact at batch 1)."""
+    lens, drafts = step.decode_context_lens, step.num_draft_tokens
+    per_seq = [drafts // len(lens) + (i < drafts % len(lens)) for i in range(len(lens))]
+    decodes = [(1 + d, n - 1) for n, d in zip(lens, per_seq, strict=True)]
+    rows = len(step.prefill_chunks) + sum(c for c, _ in decodes)
+    return cost_model.step_cost(list(step.prefill_chunks) + decodes, rows).time
+
+
+def simulate(model: Any, results: list[dict[str, Any]], cell_steps: list[dict[str, list[Any]]]) -> Any:
+    """The simulator's cost model calibrated on this machine (``sim.calibrate.fit_cost_model``, fitted on
+    the plain engine's steps only), then every cell's recorded steps priced by it: the predicted speedup
+    is the plain run's priced seconds over the speculative run's (the same tokens). Adds
+    ``simulated_speedup`` to each result; returns the fit."""
+    from minengine.perf.measure import measure_this_machine
+    from minengine.perf.roofline import CostModel, ModelShape
+    from minengine.sim.calibrate import fit_cost_model
+
+    base = CostModel(measure_this_machine("cpu"), ModelShape.from_model(model, dtype="fp32"), overhead_s=0.0)
+    fit = fit_cost_model([s for cell in cell_steps for s in cell["plain"]], base)
+    for result, cell in zip(results, cell_steps, strict=True):
+        priced = {name: sum(priced_seconds(fit.cost_model, s) for s in steps) for name, steps in cell.items()}
+        result["simulated_speedup"] = priced["plain"] / priced["ngram"]
+    return fit
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     kinds = ["repeat"] if args.smoke else ["repeat", "chat"]
     print(common.machine_line())
-    rows, results = [], []
+    rows, results, cell_steps = [], [], []
     bar = tqdm(total=len(kinds) * len(batches) * args.rounds * len(engines), desc="speculative")
     for kind in kinds:
         prompts = workload_prompts(tokenizer, kind)
@@ -145,7 +179,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             kept = {"drafts": 0, "accepted": 0}
             runs = {name: _runner(llm, name, groups, params, outputs, kept)
                     for name, llm in engines.items()}
+            first = {name: len(llm.llm_engine.step_records) for name, llm in engines.items()}
             timed = common.interleave(runs, args.rounds, bar)
+            cell_steps.append({name: list(llm.llm_engine.step_records)[first[name]:]
+                               for name, llm in engines.items()})
             same = outputs["plain"] == outputs["ngram"]
             ratios = [s / p for s, p in zip(timed["ngram"].seconds, timed["plain"].seconds, strict=True)]
             rate = kept["accepted"] / kept["drafts"] if kept["drafts"] else 0.0
@@ -161,12 +198,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"({forward['verify_steps']} steps) against a decode step's "
                       f"{1e3 * forward['decode_ms']:.1f} ms: {forward['ratio']:.2f}x (medians)")
             results.append(result)
-            rows.append((kind, batch, f"{result['plain_tok_s']:.1f}", f"{result['ngram_tok_s']:.1f}",
-                         f"{result['speedup']:.2f}x", f"{100 * rate:.0f} %", "yes" if same else "NO"))
     bar.close()
+    fit = simulate(model, results, cell_steps)
+    for r in results:
+        rows.append((r["workload"], r["batch"], f"{r['plain_tok_s']:.1f}", f"{r['ngram_tok_s']:.1f}",
+                     f"{r['speedup']:.2f}x", f"{r['simulated_speedup']:.2f}x",
+                     f"{100 * (r['simulated_speedup'] / r['speedup'] - 1):+.0f} %",
+                     f"{100 * r['acceptance']:.0f} %", "yes" if r["identical"] else "NO"))
     print(common.md_table(["workload", "batch", "plain tok/s", "ngram tok/s", "speedup (median of rounds)",
-                           "drafts kept", "same tokens"], rows))
-    data = {"args": vars(args), "results": results}
+                           "simulated", "error", "drafts kept", "same tokens"], rows))
+    print(f"simulated: the cost model calibrated on the plain engine's {len(fit.measured)} steps (median "
+          f"|error| {100 * fit.mape:.1f} %, {100 * fit.holdout_mape:.1f} % held out), pricing each run's "
+          "recorded steps, a verify as a chunk of 1 + drafts")
+    data = {"args": vars(args), "results": results,
+            "calibration": {"steps": len(fit.measured), "mape": fit.mape, "holdout_mape": fit.holdout_mape}}
     common.save_json(args.json, data)
     return data
 

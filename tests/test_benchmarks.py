@@ -373,6 +373,7 @@ def test_speculative_smoke() -> None:
     assert [x["batch"] for x in r["results"]] == [1, 2]
     assert [x["requests"] for x in r["results"]] == [4, 4]  # every batch size runs all four paragraphs
     assert "verify_cost" in r["results"][0] and "verify_cost" not in r["results"][1]  # batch 1 only
+    assert all(x["simulated_speedup"] > 0 for x in r["results"]) and r["calibration"]["steps"] >= 8
     assert all(x["identical"] for x in r["results"])  # greedy tokens unchanged by the drafts
 
 
@@ -395,6 +396,22 @@ def test_speculative_verify_cost_compares_batch_1_verify_steps_with_plain_decode
     assert cost["verify_steps"] == 2 and cost["verify_ms"] == pytest.approx(0.028)
     assert cost["decode_ms"] == pytest.approx(0.021) and cost["ratio"] == pytest.approx(0.028 / 0.021)
     assert speculative.verify_cost(plain, plain)["verify_steps"] == 0  # no drafts: nothing to compare
+
+
+def test_a_recorded_verify_step_is_priced_as_a_chunk_of_one_plus_its_drafts() -> None:
+    from benchmarks import speculative
+    from minengine.core.records import StepRecord
+    from minengine.perf.roofline import CostModel
+
+    cost = CostModel.create("llama-3.1-8b", "h100-sxm", dtype="bf16")
+    one = StepRecord(0, 0.0, 1.0, num_decode_seqs=1, num_draft_tokens=4, decode_context_lens=[100])
+    assert speculative.priced_seconds(cost, one) == cost.step_cost([(5, 99)], 5).time
+    two = StepRecord(0, 0.0, 1.0, num_decode_seqs=2, num_draft_tokens=3, decode_context_lens=[50, 70],
+                     prefill_chunks=[(16, 0)])
+    assert speculative.priced_seconds(cost, two) == cost.step_cost([(16, 0), (3, 49), (2, 69)], 6).time
+    plain = StepRecord(0, 0.0, 1.0, num_decode_seqs=1, decode_context_lens=[100])
+    assert speculative.priced_seconds(cost, plain) == cost.decode_cost(1, 100).time
+    assert speculative.priced_seconds(cost, one) > speculative.priced_seconds(cost, plain)
 
 
 def test_verify_step_smoke_runs_both_paths_with_the_same_tokens() -> None:
