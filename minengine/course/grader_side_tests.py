@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from minengine.course import server_grader
 from minengine.course.policy_bridge import (
     CONNECT_S,
     SOCKET_NAME,
@@ -51,7 +52,7 @@ from minengine.course.policy_bridge import (
     PolicyBridge,
     serve_code,
 )
-from minengine.course.server_grader import Confine
+from minengine.course.server_grader import Confine, GradingSession, serve_relay
 
 MARKER = "# (autograde runs this cell in the grader, calling your functions in your kernel)"
 # Names that reach for minengine's implementation (or import machinery that could) inside an answer.
@@ -130,8 +131,6 @@ def kernel_call(request: str) -> None:
     asked = json.loads(request)
     namespace = vars(__main__)
     if "relay" in asked:
-        from minengine.course.server_grader import serve_relay
-
         reply: dict[str, Any] = {"value": serve_relay(asked["relay"])}
     elif "describe" in asked:
         answer: dict[str, Any] = {}
@@ -519,8 +518,6 @@ def servers_session(client: Any, timeout: float, confine: Confine | None) -> Any
     reaches the reference through a port it opens on its own loopback (``server_grader.serve_relay``)."""
     from jupyter_core.utils import run_sync
 
-    from minengine.course.server_grader import GradingSession
-
     private = getattr(client.km, "private_dir", None)
     folder = Path(private) if private else Path(tempfile.mkdtemp(prefix="minengine-lab3-"))
 
@@ -551,8 +548,6 @@ def grader_side_cell(client: Any, cell: Any, confine: Confine | None = None) -> 
     answers = [c.source for c in client.nb.cells
                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
     if _current["nb"] is not client.nb:
-        from minengine.course import server_grader
-
         _current.update(nb=client.nb, bridge=kernel_bridge(client, timeout, policy_findings(answers)))
         server_grader.begin_grading(servers_session(client, timeout, confine))
     folder = (client.resources or {}).get("metadata", {}).get("path") or "."
