@@ -41,6 +41,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     # ~12M parameters: small enough that 64 mixed requests through seven engines fit 10 minutes.
     "llama-12m": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                       num_key_value_heads=2, vocab_size=8192, max_position_embeddings=2048),
+    # SmolLM2-135M's shape (its config.json; tied embeddings, as here): for the Linear-layer benchmarks
+    # that need only the matrices' shapes (linear_layers.py), beside the real model's own benchmarks.
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192),
     # Smoke tests only: runs in milliseconds.
     "llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048),

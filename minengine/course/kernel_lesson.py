@@ -36,7 +36,6 @@ from minengine.perf.model_presets import PRESETS
 from minengine.perf.model_spec import estimate_num_params
 
 SUM, GEMV, ONEDNN = "sum (streaming read)", "GEMV: F.linear (MKL/BLAS)", "GEMV: oneDNN linear, prepacked"
-KERNELS = (SUM, GEMV, ONEDNN)
 NOISE = 1.25  # a kernel "faster than the sum" by less than this factor is timing noise on a shared machine
 EXTRA_PASSES = 4  # more passes while a GEMV seems to beat the sum (a busy moment during its passes)
 
