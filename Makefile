@@ -32,7 +32,7 @@ GRADING_FILTER = $(if $(STUDENT),--student $(STUDENT)) $(if $(ASSIGNMENT),--assi
 
 STAMP := $(VENV)/.minengine-installed
 
-.PHONY: course test test-browser browser sandbox setup kernels models lint clean-venv help release autograde feedback export validate grade
+.PHONY: course test test-browser browser sandbox hub-proxy setup kernels models lint clean-venv help release autograde feedback export validate grade
 
 help:
 	@echo "make course   set up and open the course in JupyterLab (ARGS=--no-browser for headless)"
@@ -47,6 +47,7 @@ help:
 	@echo "make setup    only the set-up: .venv, the CPU kernels (make kernels) and SmolLM2 (make models)"
 	@echo "make browser  Debian's chromium for the browser tests (as root; BROWSER_INSTALL=0 skips it)"
 	@echo "make sandbox  Debian's bubblewrap, the autograder's sandbox (as root; SANDBOX_INSTALL=0 skips it)"
+	@echo "make hub-proxy  JupyterHub's proxy from npm, for the hub's tests (as root with node; HUB_PROXY_INSTALL=0 skips it)"
 	@echo "make clean-venv   remove .venv (the next command sets it up again)"
 
 setup: $(STAMP) kernels models sandbox
@@ -78,7 +79,7 @@ models: $(STAMP)
 course: $(STAMP) kernels models
 	$(PY) -m minengine.course open $(ARGS)
 
-test: $(STAMP) kernels models browser sandbox
+test: $(STAMP) kernels models browser sandbox hub-proxy
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # End-to-end tests in a real browser (tests/browser/); they skip with a reason where Chromium is missing.
@@ -96,6 +97,12 @@ browser:
 SANDBOX_INSTALL ?= 1
 sandbox:
 	@$(if $(filter 1,$(SANDBOX_INSTALL)),sh scripts/install_sandbox.sh,true)
+
+# JupyterHub's proxy (configurable-http-proxy, npm) into build/hub-node/ for tests/test_hub.py, before
+# pytest starts: no test downloads it, and pytest's workers don't race to. Same rules as browser.
+HUB_PROXY_INSTALL ?= 1
+hub-proxy:
+	@$(if $(filter 1,$(HUB_PROXY_INSTALL)),sh scripts/install_hub_proxy.sh,true)
 
 # ---- grading (nbgrader course directory in $(COURSE_DIR); see labs/README.md) ----
 release: $(STAMP) kernels

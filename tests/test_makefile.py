@@ -47,8 +47,8 @@ PATH_TOKEN = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.*-]*)+$")  # relative,
 EXTRAS_TOKEN = re.compile(r"^\.\[([A-Za-z0-9_,-]+)\]$")  # pip install -e ".[course,dev]"
 # Every target (the .PHONY list; a test keeps the two equal), so each one's dry run is a test of its own.
 TARGETS = ["course", "test", "test-browser", "test-hub", "setup", "kernels", "models", "browser", "sandbox",
-           "lint", "help", "release", "autograde", "feedback", "export", "validate", "grade", "book",
-           "clean-venv"]
+           "hub-proxy", "lint", "help", "release", "autograde", "feedback", "export", "validate", "grade",
+           "book", "clean-venv"]
 
 
 # ------------------------------------------------------------------------------------- make, read
@@ -269,6 +269,63 @@ def test_sandbox_target_where_bubblewrap_is_already_there():
         pytest.skip("no bubblewrap here, and installing it is not a cheap test (make test does it)")
     done = run_target("sandbox")
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+def test_hub_proxy_target_without_installing():
+    assert dry_run("hub-proxy", venv=this_venv()) == ["sh scripts/install_hub_proxy.sh"]
+    assert make("-n", "hub-proxy", "HUB_PROXY_INSTALL=0").stdout.split() == ["true"]
+    done = run_target("hub-proxy", HUB_PROXY_INSTALL="0")
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+    assert "hub-proxy" in rules()["test"], "make test installs the proxy before pytest's workers start"
+
+
+FAKE_NPM = r"""#!/bin/sh
+# npm install --prefix DIR configurable-http-proxy@V, as slowly as a real one unpacks: the link to the
+# proxy first, its dependency's code a moment later (the half-installed state a CI run once started).
+while [ "$1" != "--prefix" ]; do shift; done
+prefix="$2"; version="${3#*@}"
+mods="$prefix/node_modules"
+mkdir -p "$mods/.bin" "$mods/configurable-http-proxy/bin" "$mods/http-proxy-3/dist/lib"
+printf '#!/bin/sh\ntest -f "$(dirname "$0")/../http-proxy-3/dist/lib/index.js"\n' \
+    > "$mods/configurable-http-proxy/bin/configurable-http-proxy"
+chmod +x "$mods/configurable-http-proxy/bin/configurable-http-proxy"
+ln -s ../configurable-http-proxy/bin/configurable-http-proxy "$mods/.bin/configurable-http-proxy"
+printf '{"version": "%s"}\n' "$version" > "$mods/configurable-http-proxy/package.json"
+echo "$$" >> "$prefix/../npm-runs"
+sleep 1
+echo "module.exports = {}" > "$mods/http-proxy-3/dist/lib/index.js"
+"""
+
+
+def test_proxy_installers_running_at_once_never_leave_a_half_installed_proxy(tmp_path: Path):
+    """pytest's workers each collect tests/test_hub.py, and each may install the proxy: one once started
+    the hub while another's npm was still unpacking (a CI failure). Five at once, against an npm that
+    writes the proxy's link a second before its dependency: each returns only once the proxy is whole,
+    npm runs once where flock is there, and nothing is left behind but the proxy and its lock."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "npm").write_text(FAKE_NPM)
+    (fake_bin / "npm").chmod(0o755)
+    if shutil.which("node") is None:
+        (fake_bin / "node").write_text("#!/bin/sh\n")
+        (fake_bin / "node").chmod(0o755)
+    prefix = tmp_path / "hub-node"
+    env = {**clean_environment(), "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    script = ROOT / "deploy" / "jupyterhub" / "install_proxy.sh"
+    runs = [subprocess.Popen(["sh", str(script), str(prefix)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(5)]
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        proxy = Path(out.strip())
+        assert proxy == prefix / "node_modules" / ".bin" / "configurable-http-proxy"
+        assert subprocess.run([str(proxy)]).returncode == 0, "a proxy came back before its dependency"
+    npm_runs = (tmp_path / "npm-runs").read_text().split()
+    if shutil.which("flock"):
+        assert len(npm_runs) == 1, npm_runs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "hub-node", "hub-node.lock", "npm-runs"]
+    again = subprocess.run(["sh", str(script), str(prefix)], capture_output=True, text=True, env=env)
+    assert again.returncode == 0 and len((tmp_path / "npm-runs").read_text().split()) == len(npm_runs)
 
 
 def test_clean_venv_removes_the_named_environment_only(tmp_path: Path):
