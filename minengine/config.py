@@ -75,9 +75,17 @@ class EngineConfig:
     # Speculative decoding (vLLM's name): a SpeculativeConfig or its dict, e.g. {"method": "ngram",
     # "num_speculative_tokens": 3}; None: off. Drafts ride in a decode's step and are verified there.
     speculative_config: Any = None
+    # Tensor parallelism (vLLM's name): split each layer's heads and MLP across this many ranks, one process
+    # each, joined by an all-reduce after attention and after the MLP (engine/tensor_parallel.py). A CPU
+    # (gloo) only in this version; each rank's KV cache is sized as one engine's (kv_cache_memory_bytes).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and (self.compile_decode or self.enforce_eager is False):
+            raise ValueError("tensor_parallel_size > 1 runs the eager path: it cannot go with compile_decode "
+                             "or CUDA graphs (enforce_eager=False)")
         if isinstance(self.speculative_config, dict):
             try:
                 self.speculative_config = SpeculativeConfig(**self.speculative_config)

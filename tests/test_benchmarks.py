@@ -450,3 +450,19 @@ def test_policy_bridge_smoke(tmp_path: Path) -> None:
     assert [r["same_goodput"] for r in rows] == [True, True]  # the bridge changes no decision
     assert all(r["order_calls"] > 0 and r["bridged_s"] > 0 for r in rows)
     assert (tmp_path / "bridge.json").is_file()
+
+
+def test_tensor_parallel_smoke_gives_the_same_tokens_and_times_the_all_reduces() -> None:
+    import torch
+
+    from benchmarks import tensor_parallel
+
+    threads = torch.get_num_threads()
+    r = tensor_parallel.main(["--smoke"])
+    assert torch.get_num_threads() == threads  # the engines gave the process its threads back
+    assert r["identical"]
+    assert set(r["summary"]) == {"decode batch 1", "prefill batch 1", "decode batch 8", "prefill batch 8"}
+    for cell in r["summary"].values():
+        assert cell["tp1"]["steps"] > 0 and cell["tp2"]["steps"] > 0
+        assert cell["tp1"]["all_reduce_ms"] == 0  # one rank: nothing to join
+        assert 0 < cell["tp2"]["all_reduce_ms"] < cell["tp2"]["forward_ms"]

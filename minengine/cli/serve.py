@@ -73,13 +73,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
-    """--attention-backend and --enforce-eager, shared by serve and generate."""
+    """--attention-backend, --enforce-eager and --tensor-parallel-size, shared by serve and generate."""
     from minengine.config import ATTENTION_BACKENDS
 
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=None,
                         help="default: triton on CUDA, cpp on a CPU in fp32 "
                              "(the start-up line says which runs)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                        help="split the model across N processes (CPU, gloo): each holds 1/N of the heads "
+                             "and of the MLP, and they all-reduce twice per layer")
 
 
 def backend_options(args: argparse.Namespace) -> dict:
@@ -88,6 +91,8 @@ def backend_options(args: argparse.Namespace) -> dict:
         options["attention_backend"] = args.attention_backend
     if getattr(args, "enforce_eager", False):
         options["enforce_eager"] = True
+    if getattr(args, "tensor_parallel_size", 1) != 1:
+        options["tensor_parallel_size"] = args.tensor_parallel_size
     return options
 
 

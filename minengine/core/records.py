@@ -104,6 +104,7 @@ class StepRecord:
     t_prepare: float = 0.0
     t_forward: float = 0.0
     t_sample: float = 0.0
+    t_all_reduce: float = 0.0  # tensor parallelism: rank 0's time in all-reduces (part of t_forward)
     # decode KV lengths / prefill (chunk, context) pairs, for cost models and roofline fits
     decode_context_lens: list[int] = field(default_factory=list)
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)  # (chunk tokens, context before it)

@@ -74,6 +74,7 @@ class LLMEngine:
         # The device side (kernels, attention backend, KV cache, graphs) has one owner, which says what
         # it runs (``self.runtime``) and releases it all on ``close()``.
         self.worker = Worker(model, self.config)
+        self.model = self.worker.model  # with tensor parallelism, rank 0's shard (the whole is not kept)
         self.kv_cache: PagedKVCache = self.worker.kv_cache
         self.model_runner: ModelRunner = self.worker.model_runner
         self.scheduler = Scheduler(self.config, self.worker.num_blocks)

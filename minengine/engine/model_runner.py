@@ -33,6 +33,7 @@ from minengine.core.engine_core import ModelRunnerOutput
 from minengine.core.sched_output import ScheduledRequest, SchedulerOutput
 from minengine.engine.kv_cache import PagedKVCache
 from minengine.engine.sampler import Sampler
+from minengine.engine.tensor_parallel import StepInputs, TensorParallelRanks
 from minengine.models.attention.backends import AttentionBackend, ReferenceBackend
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class ModelInput:
     attn_metadata: Any  # what the attention backend built for this step
     logits_indices: torch.Tensor  # [M] rows of the hidden states to turn into logits
     sampled: list[ScheduledRequest]  # the M requests that get a new token, in logits order
+    step: StepInputs  # the same batch as lists: what the other tensor-parallel ranks are sent
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +61,7 @@ class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, kv_cache: PagedKVCache, device: torch.device, sampler: Sampler,
         *, attn_backend: AttentionBackend | None = None, graph_runner: DecodeGraphRunner | None = None,
-        compiled_decode: CompiledDecode | None = None,
+        compiled_decode: CompiledDecode | None = None, tp_ranks: TensorParallelRanks | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -69,6 +71,7 @@ class ModelRunner:
         self.graph_runner = graph_runner  # None: no CUDA graphs (enforce_eager)
         self.num_graph_steps = 0  # steps served by a graph replay
         self.compiled_decode = compiled_decode  # None: no compiled CPU decode steps (the default)
+        self.tp_ranks = tp_ranks  # tensor parallelism, on rank 0: the other ranks (engine/tensor_parallel.py)
         # How the phase times in each StepRecord were taken (the record has no field for it).
         self.timing_method = ("torch.cuda.synchronize() before each perf_counter() read"
                               if device.type == "cuda" else "perf_counter() (CPU work is synchronous)")
@@ -82,6 +85,7 @@ class ModelRunner:
         """Drop what this runner holds on the device (the worker's ``close``)."""
         self.graph_runner = None
         self.compiled_decode = None
+        self.tp_ranks = None
         self.model = None  # type: ignore[assignment]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -113,6 +117,8 @@ class ModelRunner:
         t3 = self._clock()
         sampled = {s.request_id: tok for s, tok in zip(sampled_reqs, tokens, strict=True)}
         timings = {"t_prepare": t1 - t0, "t_forward": t2 - t1, "t_sample": t3 - t2}
+        if self.tp_ranks is not None:  # the part of t_forward spent joining the ranks' partial sums
+            timings["t_all_reduce"] = self.tp_ranks.group.take_timings()[0]
         return ModelRunnerOutput(sampled, timings=timings,
                                  timing=self.timing_method)
 
@@ -123,15 +129,12 @@ class ModelRunner:
         return time.perf_counter()
 
     def prepare_inputs(self, output: SchedulerOutput) -> ModelInput:
-        """Build the packed tensors on the CPU (plain Python lists), then copy them to the device once."""
-        ids: list[int] = []
-        positions: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
+        """Pack the step on the CPU (plain Python lists), then copy it to the device once."""
+        step = StepInputs([], [], [], [], [])
         logits_rows: list[int] = []
         sampled: list[ScheduledRequest] = []
         spec = output.scheduled_spec_decode_tokens
+        ids = step.input_ids
         for s in output.scheduled:
             req, end = s.request, s.start + s.num_tokens
             drafts = spec.get(req.request_id) if spec else None
@@ -143,32 +146,46 @@ class ModelRunner:
                 ids += req.token_ids[s.start : end]
                 if s.sample:
                     logits_rows.append(len(ids) - 1)
-            positions += range(s.start, end)
-            query_lens.append(s.num_tokens)
-            seq_lens.append(end)
-            tables.append(req.block_table)
+            step.positions.extend(range(s.start, end))
+            step.query_lens.append(s.num_tokens)
+            step.seq_lens.append(end)
+            step.block_tables.append(req.block_table)
             if s.sample:
                 sampled.append(s)
-        meta = self.attn_backend.build_metadata(query_lens, seq_lens, tables, self.kv_cache.block_size,
-                                                self.device)
+        if self.tp_ranks is not None:  # the other ranks build their tensors while this one does
+            self.tp_ranks.send(step)
+        return self.model_input(step, logits_rows, sampled)
+
+    def model_input(self, step: StepInputs, logits_rows: list[int] | None = None,
+                    sampled: list[ScheduledRequest] | None = None) -> ModelInput:
+        """The step's tensors and attention metadata (every tensor-parallel rank builds its own)."""
+        meta = self.attn_backend.build_metadata(step.query_lens, step.seq_lens, step.block_tables,
+                                                self.kv_cache.block_size, self.device)
         return ModelInput(
-            input_ids=_to_device(ids, self.device),
-            positions=_to_device(positions, self.device),
+            input_ids=_to_device(step.input_ids, self.device),
+            positions=_to_device(step.positions, self.device),
             attn_metadata=meta,
-            logits_indices=_to_device(logits_rows, self.device),
-            sampled=sampled,
+            logits_indices=_to_device(logits_rows or [], self.device),
+            sampled=sampled or [],
+            step=step,
         )
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInput) -> torch.Tensor:
-        """One forward over the packed batch; returns fp32 logits [M, vocab] for the sampled requests."""
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_cache.kv_caches)
+        """One forward over the packed batch; returns fp32 logits [M, vocab] for the sampled requests.
+        Under tensor parallelism the other ranks run the same step alongside (``prepare_inputs`` sent it)."""
+        hidden = self.forward_hidden(inputs)
         if not inputs.sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         if inputs.logits_indices.shape[0] < hidden.shape[0]:  # else every row, in order (all decodes)
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)
         return logits if logits.dtype == torch.float32 else logits.float()
+
+    @torch.inference_mode()
+    def forward_hidden(self, inputs: ModelInput) -> torch.Tensor:
+        """The decoder's hidden states [N, hidden] for the packed batch (its K/V written to the cache)."""
+        return self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_cache.kv_caches)
 
     # ---- the fast path ----
     def _graph_step(

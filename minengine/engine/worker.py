@@ -19,18 +19,24 @@ steps and pinned buffers. Nothing here holds a reference back to the engine, so 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing.connection
+import os
+import traceback
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from minengine.config import EngineConfig
 from minengine.engine.kv_cache import PagedKVCache, check_kv_index_space, determine_num_blocks
 from minengine.engine.model_runner import ModelRunner
 from minengine.engine.sampler import Sampler
+from minengine.engine.tensor_parallel import TensorParallelRanks
 from minengine.models import linear_kernels, triton_ops
 from minengine.models.attention.backends import get_attention_backend
+from minengine.models.tensor_parallel import TensorParallelGroup, build_shard
 from minengine.utils import cdiv
 
 
@@ -143,9 +149,26 @@ class RuntimeInfo:
 class Worker:
     """Sets up the device side of one engine (see the module doc) and releases it on ``close()``."""
 
-    def __init__(self, model: torch.nn.Module, config: EngineConfig, graph_backend: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, graph_backend: Any = None,
+                 tp_rank: int = 0) -> None:
+        """``tp_rank``: under tensor parallelism, which rank this worker is (0, the default, drives the
+        others; ``engine/tensor_parallel.py`` builds ranks 1..N-1 with their shard as ``model``)."""
         assert config.is_resolved, "resolve the EngineConfig first"
         self.config = config
+        self.closed = True  # until everything below is built
+        # Tensor parallelism: rank 0 starts the other ranks and keeps its own shard of the model.
+        self.tp_ranks: TensorParallelRanks | None = None
+        if config.tensor_parallel_size > 1 and tp_rank == 0:
+            self.tp_ranks = TensorParallelRanks.start(model, config, run_tensor_parallel_rank)
+            model = self.tp_ranks.model
+        try:
+            self._build(model, config, graph_backend)
+        except BaseException:
+            if self.tp_ranks is not None:
+                self.tp_ranks.close()
+            raise
+
+    def _build(self, model: torch.nn.Module, config: EngineConfig, graph_backend: Any) -> None:
         self.model = model
         self.device: torch.device = model.device
         self.dtype: torch.dtype = model.dtype
@@ -163,6 +186,8 @@ class Worker:
         check_kv_index_space(model_config, total, config.block_size, self.attn_backend.name)
         self.kv_cache = PagedKVCache.allocate(model_config, total, config.block_size, self.dtype, self.device)
         self.kv_cache.num_blocks = self.num_blocks  # the scheduler's blocks; the scratch block is extra
+        if self.tp_ranks is not None:  # the other ranks hold the same blocks, for their own heads
+            self.tp_ranks.wait_ready(self.num_blocks)
         self.sampler = Sampler(config.seed, self.device)
         if self.device.type == "cuda":
             self._warm_up_attention()
@@ -218,7 +243,7 @@ class Worker:
                     "(--enforce-eager) to run without CUDA graphs"
                 ) from e
         runner = ModelRunner(self.model, kv, self.device, self.sampler, attn_backend=self.attn_backend,
-                             graph_runner=graphs)
+                             graph_runner=graphs, tp_ranks=self.tp_ranks)
         if config.compile_decode:
             runner.compiled_decode = _compiled_decode(self.model, kv, self.device)
         return runner
@@ -235,6 +260,9 @@ class Worker:
         reasons = dict(self.plan.reasons)
         if self.device.type == "cpu":
             reasons["linear"] = self.linear_kernel.describe()
+        if self.tp_ranks is not None:
+            reasons["tensor_parallel"] = (f"{self.tp_ranks.group.world_size} ranks over gloo, "
+                                          f"{torch.get_num_threads()} threads each; this is rank 0's shard")
         return RuntimeInfo(
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=self.attn_backend.name, cuda_graphs=graphs is not None,
@@ -255,6 +283,8 @@ class Worker:
         if runner.graph_runner is not None:
             runner.graph_runner.close()
         runner.close()
+        if self.tp_ranks is not None:
+            self.tp_ranks.close()
         self.kv_cache.kv_caches.clear()
         if self.triton_small_ops:
             triton_ops.use_triton_ops(self.model, on=False)  # the model may outlive the engine
@@ -336,3 +366,43 @@ def _pick_linear_kernel(model: torch.nn.Module, asked: str | None,
     choice = dataclasses.replace(choice, prepacked=packs)
     linear_kernels.apply(model, choice.one_row, choice.many_rows, prepack=choice.prepacked)
     return choice
+
+
+def run_tensor_parallel_rank(rank: int, world: int, port: int, threads: int, local_config: Any,
+                             weights: dict[str, torch.Tensor], config: EngineConfig,
+                             pipe: multiprocessing.connection.Connection) -> None:
+    """Tensor parallelism: the process of rank ``rank`` > 0 (``engine/tensor_parallel.py`` spawns it).
+    It builds a Worker over its shard, then runs the forward pass of each step rank 0 sends, until told to
+    stop (``None``) or rank 0's end of the pipe closes."""
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        pipe.send("joining")
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        group = TensorParallelGroup(rank, world)
+        model = build_shard(local_config, weights, group)
+        del weights
+        num_blocks = pipe.recv()
+        if num_blocks is None:
+            return
+        # Rank 0 sized the cache; this rank holds the same blocks for its own heads.
+        worker = Worker(model, dataclasses.replace(config, num_blocks=num_blocks, kv_cache_memory_bytes=None),
+                        tp_rank=rank)
+    except Exception:
+        pipe.send(traceback.format_exc(limit=8))
+        return
+    pipe.send("ready")
+    runner = worker.model_runner
+    try:
+        while True:
+            try:
+                step = pipe.recv()
+            except EOFError:  # rank 0 has gone
+                break
+            if step is None:
+                break
+            runner.forward_hidden(runner.model_input(step))
+    finally:
+        worker.close()
+        TensorParallelGroup.destroy()

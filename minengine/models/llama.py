@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,13 @@ from minengine.models.attention import AttentionMetadata, KVCache, attention_for
 from minengine.models.config import ModelConfig
 from minengine.models.paged_decode import DecodeTensors
 from minengine.utils import cumsum
+
+
+class AllReduce(Protocol):
+    """What a tensor-parallel layer needs from its group: sum a tensor over the ranks, in place
+    (``models/tensor_parallel.TensorParallelGroup``)."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):
@@ -157,6 +165,11 @@ class HookPoint(nn.Identity):
 
 
 class LlamaAttention(nn.Module):
+    """Self-attention over the paged KV cache. Under tensor parallelism (``models/tensor_parallel.py``)
+    a rank holds some of the heads, and ``tp_group`` adds the ranks' partial ``o_proj`` outputs."""
+
+    tp_group: AllReduce | None = None  # set on each rank's model under tensor parallelism
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -197,7 +210,8 @@ class LlamaAttention(nn.Module):
         q, k = rotary_emb(rope, qk, heads)
         v = self.v_proj(v).view(n, kv_heads, d)
         out = attention_forward(q, k, v, kv_cache, attn_metadata, self.scaling, self.sliding_window)
-        return self.o_proj(out.reshape(n, heads * d))
+        out = self.o_proj(out.reshape(n, heads * d))
+        return out if self.tp_group is None else self.tp_group.all_reduce(out)
 
 
 class LlamaMLP(nn.Module):
@@ -210,6 +224,7 @@ class LlamaMLP(nn.Module):
 
     use_kernel: bool = False
     use_triton: bool = False  # a GPU's one-kernel activation (models/triton_ops.py)
+    tp_group: AllReduce | None = None  # under tensor parallelism: add the ranks' down_proj outputs
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -219,14 +234,18 @@ class LlamaMLP(nn.Module):
         _fuse_in_state_dict(self, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        out = self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        return out if self.tp_group is None else self.tp_group.all_reduce(out)
+
+    def act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, from the fused projection's output [N, 2 x intermediate]."""
         if self.use_triton:
-            return self.down_proj(triton_ops.silu_and_mul(gate_up))
+            return triton_ops.silu_and_mul(gate_up)
         if self.use_kernel and gate_up.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
                 torch.is_grad_enabled() and gate_up.requires_grad):  # the kernel has no backward
-            return self.down_proj(torch.ops.minengine.silu_and_mul(gate_up))
+            return torch.ops.minengine.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, -1)
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up
 
 
 def _fuse_in_state_dict(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
