@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -335,3 +336,116 @@ def test_quiz5_q10_step_times_come_from_the_cost_model_and_fit_each_scenario() -
     assert 1.25 * ms["decode"] < ms["chunk_512"] < 3 * ms["decode"]
     cost = CostModel.create("llama-3.1-8b", "h100-sxm", dtype="bf16")
     assert ms["chunk_512"] == pytest.approx(1e3 * cost.step_time([(1, 2047)] * 64 + [(512, 4096)]))
+
+
+# ------------------------------------------------------------------ tensor parallelism (issue 41, item 2)
+def test_a_tensor_parallel_gpu_holds_a_share_of_weights_heads_and_kv() -> None:
+    whole = CostModel.create("llama-2-70b", "h100").model
+    four = whole.sharded(4)
+    assert four.num_params == whole.num_params // 4 and four.num_attention_heads == 16
+    assert four.num_kv_heads == 2 and four.kv_bytes_per_token == whole.kv_bytes_per_token / 4
+    assert four.lm_head_params == whole.lm_head_params / 4  # the vocabulary is split too
+    sixteen = whole.sharded(16)  # 8 KV heads over 16 GPUs: one each, every head on two GPUs
+    assert sixteen.num_kv_heads == 1 and sixteen.kv_bytes_per_token == whole.kv_bytes_per_token / 8
+    assert whole.sharded(1) is whole
+    with pytest.raises(ValueError, match="does not divide llama-2-70b's 64 attention heads"):
+        whole.sharded(3)
+
+
+def test_a_steps_all_reduces_are_two_per_layer_priced_as_a_ring_on_the_link() -> None:
+    one = CostModel.create("llama-2-70b", "h100", dtype="bf16")
+    assert one.decode_cost(8, 1024).op("all_reduce") is None  # one GPU: nothing to join
+    for t in (2, 4, 8):
+        cm = one.with_(tensor_parallel_size=t)
+        tokens = 64
+        cost = cm.all_reduce_cost(tokens)
+        message = tokens * 8192 * 2  # bf16 activations of the hidden size
+        assert cost.bytes == pytest.approx(160 * 2 * (t - 1) / t * message)  # 80 layers x 2
+        assert cost.time == pytest.approx(160 * 10e-6 + cost.bytes / 450e9)
+        step = cm.decode_cost(tokens, 1024)
+        assert step.op("all_reduce") == cost and step.time > cost.time
+    # splitting the weights makes a bandwidth-bound decode step faster, but by less than t: the
+    # all-reduces and the per-step overhead are not split
+    t1, t4 = one.decode_cost(8, 1024).time, one.with_(tensor_parallel_size=4).decode_cost(8, 1024).time
+    assert t1 / 4 < t4 < t1 / 2
+    with pytest.raises(ValueError, match="no link bandwidth"):
+        CostModel.create("llama-2-70b", "h100").with_(
+            accelerator=replace(one.accelerator, link_bandwidth_bytes_per_s=0.0),
+            tensor_parallel_size=2).decode_cost(1, 10)
+
+
+# LLaMA 70B (Llama-2-70B's shape) over several GPUs, from TensorRT-LLM's docs/source/performance.md as
+# updated for v0.6.1. "Low Latency" (its v0.5 data): batch 1, first-token latency at TP 4, a 2,048-token
+# prompt: 109 ms on H100 (FP8), 377 ms on A100 (FP16). "Peak Throughput", H100 GPUs (FP8), out tok/s per
+# GPU, static batching (gptSessionBenchmark), each at the batch NVIDIA found best.
+PUBLISHED_70B_TTFT = [("h100", "fp8", 0.109), ("a100", None, 0.377)]
+PUBLISHED_70B_H100_FP8 = [
+    # (source, tp, batch, prompt, output, out tok/s per GPU)
+    ("TRT 1024x128/128 TP2", 2, 1024, 128, 128, 2657.0),
+    ("TRT 96x2048/128 TP2", 2, 96, 2048, 128, 306.0),
+]
+# Not matched: the long-output rows, where 2,048 decode steps at a large batch make up the run. The
+# model is 2.1-2.3x faster than TensorRT-LLM there (a decode step of 480 x ~1,100 tokens at TP 4 priced
+# at ~35 ms, against 81 ms in the table), while the same table's 7B rows at TP 1 match within 11 %
+# (PUBLISHED_H100_FP8 above). The all-reduces are not the gap: at 10 us each plus the ring's bytes they
+# cost ~6 ms of such a step. Not explained yet; held here so a change to the model that moves them shows.
+UNMATCHED_70B_H100_FP8 = [
+    ("TRT 480x128/2048 TP4", 4, 480, 128, 2048, 1486.0),
+    ("TRT 64x2048/2048 TP2", 2, 64, 2048, 2048, 547.0),
+]
+
+
+@pytest.mark.parametrize("gpu, dtype, published", PUBLISHED_70B_TTFT)
+def test_tensor_parallel_first_token_latency_matches_published_70b_figures(gpu: str, dtype: str | None,
+                                                                           published: float) -> None:
+    cm = CostModel.create("llama-2-70b", gpu, dtype=dtype, tensor_parallel_size=4)
+    ttft = cm.prefill_cost(2048).time
+    print(f"\n70B TP4 {gpu}: model {1e3 * ttft:.0f} ms, published {1e3 * published:.0f} "
+          f"({ttft / published:.2f}x)")
+    assert PUBLISHED_BAND[0] <= ttft / published <= PUBLISHED_BAND[1]
+
+
+@pytest.mark.parametrize("name, tp, batch, prompt, output, published", PUBLISHED_70B_H100_FP8)
+def test_tensor_parallel_throughput_matches_published_70b_figures(name: str, tp: int, batch: int, prompt: int,
+                                                                  output: int, published: float) -> None:
+    cm = CostModel.create("llama-2-70b", "h100", dtype="fp8", tensor_parallel_size=tp)
+    tok_s, _ = static_batch_throughput(cm, batch, prompt, output)
+    per_gpu = tok_s / tp
+    print(f"\n{name}: model {per_gpu:,.0f} tok/s/GPU, published {published:,.0f} "
+          f"({per_gpu / published:.2f}x)")
+    assert PUBLISHED_BAND[0] <= per_gpu / published <= PUBLISHED_BAND[1]
+
+
+@pytest.mark.parametrize("name, tp, batch, prompt, output, published", UNMATCHED_70B_H100_FP8)
+def test_the_long_output_70b_rows_stay_where_the_results_say(name: str, tp: int, batch: int, prompt: int,
+                                                             output: int, published: float) -> None:
+    cm = CostModel.create("llama-2-70b", "h100", dtype="fp8", tensor_parallel_size=tp)
+    tok_s, _ = static_batch_throughput(cm, batch, prompt, output)
+    assert 1.9 <= tok_s / tp / published <= 2.5  # benchmarks/RESULTS.md §12: 2.08x and 2.27x
+
+
+def test_the_simulator_prices_a_tensor_parallel_step_as_the_cost_model_does() -> None:
+    """The simulator's fast path (RooflineExecutor.step_time) writes the cost model out by hand; under
+    tensor parallelism it must still give CostModel.step_cost's time, all-reduces included, on every
+    step of a run, and size the KV cache from one GPU's share of the weights and of each token's K/V."""
+    from minengine.kvcalc.calculator import kv_cache_budget
+    from minengine.sim.simulator import Simulator
+    from minengine.sim.workload import Uniform, synthetic_workload
+
+    cm = CostModel.create("llama-2-70b", "h100", dtype="bf16", tensor_parallel_size=4)
+    sim = Simulator(cost_model=cm, max_num_batched_tokens=512)
+    per_gpu = cm.model.sharded(4)
+    budget = kv_cache_budget(cm.accelerator.memory_bytes, 0.9, per_gpu.weight_bytes)
+    assert sim.num_blocks == int(budget // (16 * per_gpu.kv_bytes_per_token))  # the bf16 70B: 4 GPUs' KV
+    assert "on 4 x H100 SXM 80GB" in sim.describe()
+    step_time, priced = sim.executor.step_time, []
+
+    def spy(out, num_sampled=None):
+        cost = sim.executor.step_cost(out)
+        assert step_time(out, num_sampled) == pytest.approx(cost.time, rel=1e-9)
+        priced.append(cost.op("all_reduce").time)
+        return step_time(out, num_sampled)
+
+    sim.executor.step_time = spy  # type: ignore[method-assign]
+    result = sim.run(synthetic_workload(40, 10, Uniform(20, 800), Uniform(1, 30), seed=0))
+    assert len(result.requests) == 40 and priced and all(t > 0 for t in priced)

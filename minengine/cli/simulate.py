@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--gpu", default="h100", help="accelerator key (h100, a100, h200, l4, ...) or "
                    "'this-machine' to measure this one (default: h100)")
     w.add_argument("--dtype", default=None, help="weight dtype (default: the model's, e.g. fp16)")
+    w.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
+                   help="GPUs per instance, the model split across them (each instance: this many GPUs)")
     w.add_argument("--num-blocks", type=positive_int, default=None,
                    help="KV blocks per instance (default: what fits in GPU memory, like vLLM)")
     g = p.add_argument_group("workload")
@@ -132,7 +134,8 @@ def _build(args: argparse.Namespace) -> Any:
         from minengine.perf.measure import measure_this_machine
 
         gpu = measure_this_machine(persist=True)
-    cost_model = CostModel.create(args.model, gpu, dtype=args.dtype)
+    cost_model = CostModel.create(args.model, gpu, dtype=args.dtype,
+                                  tensor_parallel_size=args.tensor_parallel_size)
     engine = dict(enable_chunked_prefill=args.chunked_prefill, enable_prefix_caching=args.prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                   policy=args.policy, num_blocks=args.num_blocks, seed=args.seed)

@@ -58,6 +58,10 @@ __all__ = ["CostModel", "ModelShape", "OpCost", "StepCost", "attention_pairs", "
 
 DEFAULT_OVERHEAD_S = 0.5e-3  # per step: scheduling, input preparation, launch gaps (with CUDA graphs)
 LOGIT_BYTES = 4  # fp32 logits per vocabulary entry of a sampled row
+# One all-reduce's fixed cost (launch, synchronisation, the first bytes' trip), whatever its size. An
+# assumption of the order NCCL's small-message all-reduce takes over NVLink, not a measured figure:
+# fit it (with the link bandwidth) where you can measure, as benchmarks/tensor_parallel.py does for gloo.
+DEFAULT_ALL_REDUCE_LATENCY_S = 10e-6
 
 
 
@@ -159,6 +163,27 @@ class ModelShape:
         kv = dtype_bits(kv_cache_dtype) / 8 if kv_cache_dtype else w
         return replace(self, weight_bytes_per_param=w, kv_bytes_per_element=kv)
 
+    def sharded(self, tensor_parallel_size: int) -> ModelShape:
+        """What one GPU holds and computes under tensor parallelism (Megatron-LM's split, as vLLM and
+        TensorRT-LLM run it): 1/t of the weights (the vocabulary too: vLLM's ``VocabParallelEmbedding``
+        and ``ParallelLMHead``), of the query heads and of the MLP; the KV heads split as far as they go
+        and are copied beyond (8 KV heads at t = 16: one on each GPU, twice over), as vLLM does. An MLA
+        latent (DeepSeek) is not split by heads: each GPU keeps the whole latent."""
+        t = tensor_parallel_size
+        if t == 1:
+            return self
+        if self.num_attention_heads % t:
+            raise ValueError(f"tensor_parallel_size={t} does not divide {self.name}'s "
+                             f"{self.num_attention_heads} attention heads")
+        kv_heads = max(1, self.num_kv_heads // t)
+        standard = self.kv_elements_per_token_per_layer == 2 * self.num_kv_heads * self.head_dim
+        return replace(
+            self, name=f"{self.name} (1/{t})", num_attention_heads=self.num_attention_heads // t,
+            num_kv_heads=kv_heads, num_params=self.num_params // t, vocab_size=self.vocab_size // t,
+            active_params=None if self.active_params is None else self.active_params // t,
+            kv_elements_per_token_per_layer=(2 * kv_heads * self.head_dim if standard
+                                             else self.kv_elements_per_token_per_layer))
+
     # ---- construction ----
     @classmethod
     def from_model(cls, model: Any, dtype: str | None = None, kv_cache_dtype: str | None = None
@@ -241,6 +266,10 @@ class CostModel:
     overhead_s: float = DEFAULT_OVERHEAD_S  # fixed cost per step
     overhead_per_seq_s: float = 0.0  # per scheduled request (per-request Python work, sampling)
     efficiency: Efficiency | None = None
+    # Tensor parallelism: the model split over this many GPUs (ModelShape.sharded); a step is priced on
+    # one of them, plus its all-reduces over the accelerator's link (all_reduce_time).
+    tensor_parallel_size: int = 1
+    all_reduce_latency_s: float = DEFAULT_ALL_REDUCE_LATENCY_S
 
     @classmethod
     def create(cls, model: Any, gpu: str | Accelerator = "h100", dtype: str | None = None,
@@ -284,7 +313,7 @@ class CostModel:
         one token is priced as a decode, longer ones as prefill. ``num_sampled`` (LM-head rows) defaults
         to one per chunk.
         """
-        m, chunks = self.model, list(chunks)
+        m, chunks = self.model.sharded(self.tensor_parallel_size), list(chunks)
         tokens = sum(c for c, _ in chunks)
         if not tokens:
             return StepCost(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -314,6 +343,8 @@ class CostModel:
             op("elementwise", 0.0, tokens * m.elementwise_bytes_per_token),
             op("sampling", 0.0, sampled * 2 * LOGIT_BYTES * m.vocab_size),
         )
+        if self.tensor_parallel_size > 1:
+            ops += (self.all_reduce_cost(tokens),)
         weights = ops[0].bytes + ops[1].bytes + ops[2].bytes
         kv_write = (writes["p"] + writes["d"]) * kv_token
         overhead = self.overhead_s + self.overhead_per_seq_s * len(chunks)
@@ -321,6 +352,21 @@ class CostModel:
                         weights, ops[3].bytes + ops[4].bytes - kv_write, kv_write,
                         sum(o.compute_time for o in ops), sum(o.memory_time for o in ops), overhead, ops,
                         ops[5].bytes + ops[6].bytes)
+
+    def all_reduce_cost(self, tokens: int) -> OpCost:
+        """A step's all-reduces under tensor parallelism: two per layer (after attention, after the MLP),
+        each summing ``tokens x hidden`` activations across the t GPUs. A ring all-reduce sends and
+        receives ``2 (t - 1) / t`` of the message on every GPU (Patarasuk and Yuan, 2009; NCCL's ring), so
+        one costs ``latency + 2 (t - 1) / t x bytes / link bandwidth``."""
+        t, m, acc = self.tensor_parallel_size, self.model, self.accelerator
+        if not acc.link_bandwidth_bytes_per_s:
+            raise ValueError(f"{acc.name} has no link bandwidth in the hardware table: tensor parallelism "
+                             "cannot be priced on it")
+        message = tokens * m.hidden_size * max(m.weight_bytes_per_param, 2.0)  # 16-bit activations
+        calls = 2 * m.num_layers
+        wire = calls * 2 * (t - 1) / t * message
+        time = calls * self.all_reduce_latency_s + wire / acc.link_bandwidth_bytes_per_s
+        return OpCost("all_reduce", 0.0, wire, 0.0, time)
 
     def step_time(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> float:
         return self.step_cost(chunks, num_sampled).time

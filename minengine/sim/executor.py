@@ -60,7 +60,8 @@ class RooflineExecutor:
         # (``RequestSpec.max_tokens``): the token that reaches it is an EOS. Kept here, not on the request,
         # so a policy never sees it.
         self.eos_at: dict[str, int] = {}
-        cm, m = cost_model, cost_model.model
+        cm = cost_model
+        m = cm.model.sharded(cm.tensor_parallel_size)  # one GPU's share under tensor parallelism
         self._full_attention = all(w is None for w in m.layer_windows)
         # Constants of the fast path (the per-op sum of CostModel.step_cost, written out), in seconds per
         # token / per sampled row / per pair / per KV token, already divided by each op's rate.
@@ -76,6 +77,11 @@ class RooflineExecutor:
         self._t_elem = m.elementwise_bytes_per_token / kv
         self._t_logits = 2 * LOGIT_BYTES * m.vocab_size / kv
         self._overhead, self._per_seq = cm.overhead_s, cm.overhead_per_seq_s
+        # tensor parallelism: the all-reduces' fixed cost per step and their ring bytes per token
+        self._all_reduce = (0.0, 0.0)
+        if cm.tensor_parallel_size > 1:
+            one, two = cm.all_reduce_cost(1), cm.all_reduce_cost(2)
+            self._all_reduce = (2 * one.time - two.time, two.time - one.time)  # (per step, per token)
 
     def reset(self) -> None:
         """Forget the last run's hidden lengths and restart the acceptance draws (a new run)."""
@@ -166,4 +172,6 @@ class RooflineExecutor:
             t += max(p_pairs * t_pair, p_kv * t_kv)
         if decodes:
             t += max(d_kv * t_pair, (d_kv + decodes) * t_kv)
+        if self._all_reduce[1]:
+            t += self._all_reduce[0] + tokens * self._all_reduce[1]
         return t + tokens * self._t_elem + self._overhead + self._per_seq * len(output.entries)

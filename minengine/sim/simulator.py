@@ -47,8 +47,9 @@ def kv_cache_blocks(cost_model: CostModel, config: EngineConfig) -> int:
     """KV blocks of one instance, by the engine's own rule (``EngineConfig.num_kv_blocks``):
     ``num_blocks``, ``kv_cache_memory_bytes``, or (on a datasheet GPU) ``kvcalc.kv_cache_budget``:
     memory x gpu_memory_utilization - weights - activation reserve, as vLLM and ``minengine kv`` size
-    it. A measured CPU gets the engine's fixed CPU budget."""
-    shape, acc = cost_model.model, cost_model.accelerator
+    it. A measured CPU gets the engine's fixed CPU budget. Under tensor parallelism, one GPU's share:
+    its slice of the weights against its slice of every token's K/V (the same blocks on every GPU)."""
+    shape, acc = cost_model.model.sharded(cost_model.tensor_parallel_size), cost_model.accelerator
     gpu_budget = None
     if not acc.key.startswith("this-machine-cpu"):
         gpu_budget = kv_cache_budget(acc.memory_bytes, config.gpu_memory_utilization, shape.weight_bytes)
@@ -191,7 +192,8 @@ class Simulator(SimulatorBase):
         if c.speculative_config is not None:
             spec = (f", {c.speculative_config.num_speculative_tokens} drafts a step kept at "
                     f"{self.executor.acceptance_rate:g}")
-        return (f"{reps}{cm.model.name} on {cm.accelerator.name}: {policy}, {chunk}{spec}, "
+        gpus = f"{cm.tensor_parallel_size} x " if cm.tensor_parallel_size > 1 else ""
+        return (f"{reps}{cm.model.name} on {gpus}{cm.accelerator.name}: {policy}, {chunk}{spec}, "
                 f"{self.num_blocks * c.block_size:,} KV tokens")
 
     def run(self, workload: Sequence[RequestSpec]) -> SimResult:
