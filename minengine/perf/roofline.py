@@ -14,6 +14,8 @@ The operations (all layers together; ``OpCost`` in ``StepCost.ops``):
   al. 2020, section 2.1) over the op's weight bytes, read once per step whatever the batch. Efficiencies
   ``gemm_compute`` and ``weight_stream``. At small batch the weight read bounds them (decode), at large
   batch the FLOPs (prefill).
+  An MoE model's tokens multiply through their routed experts only (``active_params``), and a step reads
+  the experts its batch touches (``ModelShape.experts_touched``: expected coverage under uniform routing).
 - ``lm_head``: the same on the sampled rows only (one per request that samples).
 - ``prefill_attention``: the chunks of more than one token: the causal (query, key) pairs (``c x p +
   c(c+1)/2`` for ``c`` new tokens after ``p`` cached; ``4 x heads x head_dim`` FLOPs per pair and layer)
@@ -24,6 +26,8 @@ The operations (all layers together; ``OpCost`` in ``StepCost.ops``):
 - ``elementwise``: norms, RoPE, SiLU-and-mul, residual adds and the embedding gather: bytes only (the
   activations each such kernel reads and writes, ``ModelShape.elementwise_bytes_per_token``).
 - ``sampling``: the fp32 logits of each sampled row, written by the LM head and read by the sampler.
+- ``all_reduce`` (tensor parallelism only): the step is priced on one of ``tensor_parallel_size`` GPUs
+  (``ModelShape.sharded``), plus two ring all-reduces per layer over the accelerator's link.
 
 Why a sum and not ``max(total compute, total memory)``: a mixed step of 100 decodes and a 512-token
 prefill chunk does the chunk's compute-bound matmuls AND the decodes' bandwidth-bound attention; the two
@@ -79,6 +83,10 @@ class ModelShape:
     vocab_size: int = 0
     tie_word_embeddings: bool = False
     active_params: int | None = None  # params each token multiplies through (MoE: routed experts only)
+    # MoE: routed experts per layer, how many each token uses, and one expert's params in one layer
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_params: int = 0
     weight_bytes_per_param: float = 2.0
     kv_bytes_per_element: float = 2.0
     layer_windows: tuple[int | None, ...] = ()  # per layer: None = full attention, else the window
@@ -128,6 +136,27 @@ class ModelShape:
     def streamed_body_params(self) -> int:
         """Weights every step reads, but the LM head's: all but the gathered embedding rows."""
         return self.num_params - self.lm_head_params * (1 if self.tie_word_embeddings else 2)
+
+    def experts_touched(self, tokens: int) -> float:
+        """Expected distinct routed experts per layer that ``tokens`` tokens use, under uniform routing:
+        each token picks ``k`` of the ``E`` experts, so an expert is missed by all of them with chance
+        ``(1 - k/E)^tokens``. One token reads k experts; a few dozen read nearly all E. Real routers are
+        not uniform (a skewed one touches fewer), so this is the upper end of what a batch reads."""
+        e, k = self.num_experts, self.experts_per_token
+        if not e:
+            return 0.0
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def mlp_weight_bytes(self, tokens: int) -> float:
+        """Bytes of MLP weights (all layers; the LM head and embeddings apart) a step of ``tokens`` reads.
+        Dense: all of them, whatever the batch. MoE: the shared part and the router, plus only the routed
+        experts the batch touches (``experts_touched``): why MoE decode is cheap alone and dear together."""
+        body = self.streamed_body_params - self.proj_params
+        if not self.num_experts:
+            return body * self.weight_bytes_per_param
+        routed = self.num_layers * self.num_experts * self.expert_params
+        touched = self.num_layers * self.experts_touched(tokens) * self.expert_params
+        return (body - routed + touched) * self.weight_bytes_per_param
 
     @property
     def elementwise_bytes_per_token(self) -> float:
@@ -181,6 +210,7 @@ class ModelShape:
             self, name=f"{self.name} (1/{t})", num_attention_heads=self.num_attention_heads // t,
             num_kv_heads=kv_heads, num_params=self.num_params // t, vocab_size=self.vocab_size // t,
             active_params=None if self.active_params is None else self.active_params // t,
+            expert_params=self.expert_params // t,  # each expert's MLP split t ways, as a dense one
             kv_elements_per_token_per_layer=(2 * kv_heads * self.head_dim if standard
                                              else self.kv_elements_per_token_per_layer))
 
@@ -215,15 +245,21 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
         raise ValueError(f"{spec.name}: the parameter count is unknown; pass a KVSpec with num_params")
     hidden, vocab = int(cfg.get("hidden_size") or 0), int(cfg.get("vocab_size") or 0)
     tied = bool(cfg.get("tie_word_embeddings", str(cfg.get("model_type", "")).startswith("gemma")))
-    active = None
-    experts, top_k = int(cfg.get("num_local_experts") or 0), int(cfg.get("num_experts_per_tok") or 0)
-    if experts and top_k and cfg.get("intermediate_size"):  # Mixtral: each token uses top_k experts
-        expert_params = 3 * hidden * int(cfg["intermediate_size"])
+    active, expert_params = None, 0
+    # Mixtral names them num_local_experts, Qwen3-MoE num_experts (with moe_intermediate_size)
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or 0)
+    expert_inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    if experts and top_k and expert_inter:  # each token uses top_k experts of each layer
+        expert_params = 3 * hidden * expert_inter
         active = spec.num_params - spec.num_layers * (experts - top_k) * expert_params
+    else:
+        experts = top_k = 0
     return ModelShape(
         name=spec.name, num_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
         num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, num_params=spec.num_params,
         hidden_size=hidden, vocab_size=vocab, tie_word_embeddings=tied, active_params=active,
+        num_experts=experts, experts_per_token=top_k, expert_params=expert_params,
         weight_bytes_per_param=dtype_bits(spec.weight_dtype) / 8,
         kv_bytes_per_element=dtype_bits(spec.dtype) / 8, layer_windows=spec.layer_windows,
         kv_elements_per_token_per_layer=spec.kv_elements_per_token_per_layer(),
@@ -336,7 +372,7 @@ class CostModel:
         kv_layer, kv_token = m.kv_bytes_per_token_per_layer, m.kv_bytes_per_token
         ops = (
             op("qkv_o_proj", 2.0 * proj * tokens, m.proj_params * bpp),
-            op("mlp", 2.0 * mlp * tokens, (m.streamed_body_params - m.proj_params) * bpp),
+            op("mlp", 2.0 * mlp * tokens, m.mlp_weight_bytes(tokens)),
             op("lm_head", 2.0 * m.lm_head_params * sampled, m.lm_head_params * bpp if sampled else 0.0),
             op("prefill_attention", pairs["p"] * per_pair, kv_read["p"] * kv_layer + writes["p"] * kv_token),
             op("decode_attention", pairs["d"] * per_pair, kv_read["d"] * kv_layer + writes["d"] * kv_token),

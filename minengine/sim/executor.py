@@ -70,7 +70,8 @@ class RooflineExecutor:
                                    r["attention_compute"])
         proj, mlp = m.proj_flop_params, m.body_flop_params - m.proj_flop_params
         self._proj = (2.0 * proj / gemm, m.proj_params * bpp / weights)  # (per token, per step)
-        self._mlp = (2.0 * mlp / gemm, (m.streamed_body_params - m.proj_params) * bpp / weights)
+        self._mlp = (2.0 * mlp / gemm, m.mlp_weight_bytes(1) / weights)
+        self._moe = (m, weights) if m.num_experts else None  # MoE: the bytes read depend on the batch
         self._lm = (2.0 * m.lm_head_params / gemm, m.lm_head_params * bpp / weights)
         self._t_pair = m.num_layers * m.attention_flops_per_pair / attn
         self._t_kv = m.kv_bytes_per_token / kv  # read or write of one token's K/V, all layers
@@ -165,7 +166,8 @@ class RooflineExecutor:
             return 0.0
         t_pair, t_kv = self._t_pair, self._t_kv
         proj, mlp, lm = self._proj, self._mlp, self._lm
-        t = max(tokens * proj[0], proj[1]) + max(tokens * mlp[0], mlp[1])
+        mlp_bytes = mlp[1] if self._moe is None else self._moe[0].mlp_weight_bytes(tokens) / self._moe[1]
+        t = max(tokens * proj[0], proj[1]) + max(tokens * mlp[0], mlp_bytes)
         if sampled:
             t += max(sampled * lm[0], lm[1]) + sampled * self._t_logits
         if p_pairs:
