@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,14 +38,6 @@ class TensorParallelGroup:
         self.rank, self.world_size = rank, world_size
         self.seconds = 0.0
         self.calls = 0
-
-    @classmethod
-    def init(cls, rank: int, world_size: int, port: int, backend: str = "gloo",
-             timeout_s: float = 120.0) -> TensorParallelGroup:
-        """Join the process group on 127.0.0.1:``port`` (rank 0 hosts it); blocks until every rank has."""
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        return cls(rank, world_size)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place, and return it."""
