@@ -506,3 +506,14 @@ def test_the_simulator_prices_moe_steps_by_the_experts_they_touch() -> None:
     sim.executor.step_time = spy  # type: ignore[method-assign]
     sim.run(synthetic_workload(30, 5, Uniform(20, 300), Uniform(1, 30), seed=1))
     assert min(sizes) < 8 < max(sizes)  # steps both below and above full coverage were priced
+
+
+def test_deepseek_v3_activates_37b_of_its_671b() -> None:
+    """DeepSeek-V3's config: 256 routed experts (8 per token) and 1 shared, 2,048 wide, in 58 of its 61
+    layers (first_k_dense_replace = 3). Counting the 248 idle experts of each MoE layer out of the 671 B
+    gives the technical report's "37B activated for each token" (DeepSeek-V3 Technical Report, 2024)."""
+    m = ModelShape.from_model("deepseek-v3")
+    assert (m.num_experts, m.experts_per_token, m.num_moe_layers) == (256, 8, 58)
+    assert m.active_params == pytest.approx(37e9, rel=0.02)
+    assert m.experts_touched(1) == pytest.approx(8.0)
+    assert 200 < m.experts_touched(64) < 230  # a batch of 64 already reads most of every layer's experts

@@ -150,13 +150,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # deepseek-ai/DeepSeek-V3 config.json: MLA caches one 512-dim latent + a 64-dim decoupled RoPE key per
     # token and layer (576 values, no K/V pair, shared by all 128 heads). 671,026,404,352 params: the
     # technical report's "671B", counted from this config with transformers' DeepseekV3 on the meta device
-    # (the hub files add a 14 B multi-token-prediction module); weights stored in fp8 (e4m3).
+    # (the hub files add a 14 B multi-token-prediction module); weights stored in fp8 (e4m3). MoE: 256
+    # routed experts (8 per token) and 1 shared, 2,048 wide, in all but the first 3 (dense) layers.
     "deepseek-v3": {
         "hf_id": "deepseek-ai/DeepSeek-V3",
         "num_params": 671_026_404_352,
         "config": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
                    "num_attention_heads": 128, "num_key_value_heads": 128, "kv_lora_rank": 512,
                    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536,
+                   "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                   "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "intermediate_size": 18432,
                    "vocab_size": 129280, "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
                    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                            "weight_block_size": [128, 128]}},

@@ -87,6 +87,7 @@ class ModelShape:
     num_experts: int = 0
     experts_per_token: int = 0
     expert_params: int = 0
+    num_moe_layers: int = 0  # layers with routed experts (DeepSeek-V3's first 3 are dense); 0: all
     weight_bytes_per_param: float = 2.0
     kv_bytes_per_element: float = 2.0
     layer_windows: tuple[int | None, ...] = ()  # per layer: None = full attention, else the window
@@ -154,8 +155,9 @@ class ModelShape:
         body = self.streamed_body_params - self.proj_params
         if not self.num_experts:
             return body * self.weight_bytes_per_param
-        routed = self.num_layers * self.num_experts * self.expert_params
-        touched = self.num_layers * self.experts_touched(tokens) * self.expert_params
+        layers = self.num_moe_layers or self.num_layers
+        routed = layers * self.num_experts * self.expert_params
+        touched = layers * self.experts_touched(tokens) * self.expert_params
         return (body - routed + touched) * self.weight_bytes_per_param
 
     @property
@@ -245,14 +247,16 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
         raise ValueError(f"{spec.name}: the parameter count is unknown; pass a KVSpec with num_params")
     hidden, vocab = int(cfg.get("hidden_size") or 0), int(cfg.get("vocab_size") or 0)
     tied = bool(cfg.get("tie_word_embeddings", str(cfg.get("model_type", "")).startswith("gemma")))
-    active, expert_params = None, 0
-    # Mixtral names them num_local_experts, Qwen3-MoE num_experts (with moe_intermediate_size)
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    active, expert_params, moe_layers = None, 0, 0
+    # Mixtral names them num_local_experts, Qwen3-MoE num_experts, DeepSeek-V3 n_routed_experts (beside
+    # n_shared_experts, always used, and first_k_dense_replace dense layers first)
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     top_k = int(cfg.get("num_experts_per_tok") or 0)
     expert_inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-    if experts and top_k and expert_inter:  # each token uses top_k experts of each layer
+    if experts and top_k and expert_inter:  # each token uses top_k routed experts of each MoE layer
         expert_params = 3 * hidden * expert_inter
-        active = spec.num_params - spec.num_layers * (experts - top_k) * expert_params
+        moe_layers = spec.num_layers - int(cfg.get("first_k_dense_replace") or 0)
+        active = spec.num_params - moe_layers * (experts - top_k) * expert_params
     else:
         experts = top_k = 0
     return ModelShape(
@@ -260,6 +264,7 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
         num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, num_params=spec.num_params,
         hidden_size=hidden, vocab_size=vocab, tie_word_embeddings=tied, active_params=active,
         num_experts=experts, experts_per_token=top_k, expert_params=expert_params,
+        num_moe_layers=moe_layers,
         weight_bytes_per_param=dtype_bits(spec.weight_dtype) / 8,
         kv_bytes_per_element=dtype_bits(spec.dtype) / 8, layer_windows=spec.layer_windows,
         kv_elements_per_token_per_layer=spec.kv_elements_per_token_per_layer(),
