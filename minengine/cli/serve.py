@@ -80,7 +80,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
                         help="default: triton on CUDA, cpp on a CPU in fp32 "
                              "(the start-up line says which runs)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+    parser.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
                         help="split the model across N processes (CPU, gloo): each holds 1/N of the heads "
                              "and of the MLP, and they all-reduce twice per layer")
 
