@@ -6,6 +6,7 @@ Examples::
     minengine simulate --no-chunked-prefill --policy prefill_first ...   # the classic V0 scheduler
     minengine simulate --disagg 1:1 --link-gb-per-s 50 ...                    # DistServe-style pools
     minengine simulate --sweep 1,2,4,8 --slo ttft:500,tpot:50 ...         # goodput over request rates
+    minengine simulate --model llama-2-70b -tp 4 -pp 2 ...               # one instance on 8 GPUs
 
 Only argparse is imported at module level: the simulator loads when the command runs.
 """
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--dtype", default=None, help="weight dtype (default: the model's, e.g. fp16)")
     w.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    help="GPUs per instance, the model split across them (each instance: this many GPUs)")
+    w.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
+                   help="pipeline stages per instance, the layers split between them (GPUs per instance: "
+                        "tp x pp); each stage keeps its own batch in flight")
     w.add_argument("--num-blocks", type=positive_int, default=None,
                    help="KV blocks per instance (default: what fits in GPU memory, like vLLM)")
     g = p.add_argument_group("workload")
@@ -135,7 +139,8 @@ def _build(args: argparse.Namespace) -> Any:
 
         gpu = measure_this_machine(persist=True)
     cost_model = CostModel.create(args.model, gpu, dtype=args.dtype,
-                                  tensor_parallel_size=args.tensor_parallel_size)
+                                  tensor_parallel_size=args.tensor_parallel_size,
+                                  pipeline_parallel_size=args.pipeline_parallel_size)
     engine = dict(enable_chunked_prefill=args.chunked_prefill, enable_prefix_caching=args.prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                   policy=args.policy, num_blocks=args.num_blocks, seed=args.seed)
@@ -184,5 +189,8 @@ def run(args: argparse.Namespace) -> int:
                   + ("below the lowest rate" if best is None else f"{best:.2f} req/s"))
     else:
         print(single.summary(args.slo).format_table("Simulated Serving Benchmark Result"))
+        for i, busy in enumerate(single.stage_utilization):
+            print(f"Pipeline stages busy (replica {i}): " + ", ".join(f"{100 * b:.0f}%" for b in busy)
+                  + " of the run (the rest is the bubble)")
     print(f"(simulated in {wall:.2f} s of wall time)")
     return 0

@@ -29,6 +29,14 @@ The operations (all layers together; ``OpCost`` in ``StepCost.ops``):
 - ``all_reduce`` (tensor parallelism only): the step is priced on one of ``tensor_parallel_size`` GPUs
   (``ModelShape.sharded``), plus two ring all-reduces per layer over the accelerator's link.
 
+Pipeline parallelism (``pipeline_parallel_size`` p) splits the layers into p stages, one after another
+on their own GPUs (``pipeline_stage_layers``). ``stage_times`` divides a step's cost between them: each
+stage does its layers' share of every op but the LM head and sampling (the last stage's), the first also
+the per-step overhead, and every stage but the last sends its activations on (``pipeline_send_time``).
+One batch goes through the stages in turn, so alone it takes their sum: no faster than one GPU. The
+throughput comes from keeping p batches in flight at once (``minengine.sim.pipeline``); with fewer, the
+idle stages are the pipeline's bubble.
+
 Why a sum and not ``max(total compute, total memory)``: a mixed step of 100 decodes and a 512-token
 prefill chunk does the chunk's compute-bound matmuls AND the decodes' bandwidth-bound attention; the two
 do not overlap (different kernels), so the step costs about the sum of the two, not the larger. Only
@@ -57,8 +65,8 @@ from minengine.perf.model_input import resolve_model
 from minengine.perf.model_spec import KVSpec, dtype_bits, dtype_of_bits, flatten_text_config
 from minengine.perf.step_cost import OpCost, StepCost
 
-__all__ = ["CostModel", "ModelShape", "OpCost", "StepCost", "attention_pairs", "roofline_points",
-           "step_cost_of_record"]
+__all__ = ["CostModel", "ModelShape", "OpCost", "StepCost", "attention_pairs", "pipeline_stage_layers",
+           "roofline_points", "step_cost_of_record"]
 
 DEFAULT_OVERHEAD_S = 0.5e-3  # per step: scheduling, input preparation, launch gaps (with CUDA graphs)
 LOGIT_BYTES = 4  # fp32 logits per vocabulary entry of a sampled row
@@ -66,7 +74,10 @@ LOGIT_BYTES = 4  # fp32 logits per vocabulary entry of a sampled row
 # assumption of the order NCCL's small-message all-reduce takes over NVLink, not a measured figure:
 # fit it (with the link bandwidth) where you can measure, as benchmarks/tensor_parallel.py does for gloo.
 DEFAULT_ALL_REDUCE_LATENCY_S = 10e-6
-
+# One pipeline stage's send of its activations to the next: the same kind of assumption (a small
+# point-to-point message over NVLink), to fit where it can be measured.
+DEFAULT_SEND_LATENCY_S = 10e-6
+HEAD_OPS = ("lm_head", "sampling")  # the ops of the last pipeline stage only
 
 
 @dataclass(frozen=True)
@@ -216,6 +227,15 @@ class ModelShape:
             kv_elements_per_token_per_layer=(2 * kv_heads * self.head_dim if standard
                                              else self.kv_elements_per_token_per_layer))
 
+    def stage_weight_bytes(self, layers: int, first: bool, last: bool) -> float:
+        """Weights one pipeline stage holds: its ``layers`` of the body, the embedding table on the first
+        stage and the LM head on the last (both, on a one-stage model; a tied table is held twice when
+        they are different GPUs, as vLLM's pipeline ranks do)."""
+        table = self.lm_head_params
+        tables = (int(first) + int(last)) if first != last else (1 if self.tie_word_embeddings else 2)
+        body = self.streamed_body_params * layers / self.num_layers
+        return (body + table * tables) * self.weight_bytes_per_param
+
     # ---- construction ----
     @classmethod
     def from_model(cls, model: Any, dtype: str | None = None, kv_cache_dtype: str | None = None
@@ -273,6 +293,20 @@ def _from_kvspec(spec: KVSpec, raw: dict[str, Any]) -> ModelShape:
 
 
 # ------------------------------------------------------------------------------------------ one step
+def pipeline_stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[int]:
+    """Layers per pipeline stage, split as vLLM's ``get_pp_indices`` does (vllm/distributed/utils.py,
+    v0.6 on): ``num_layers // p`` each, and any remainder one layer each to the stages just before the
+    last, which already holds the LM head (Llama-2-70B's 80 layers on 3 stages: 27, 27, 26)."""
+    p = pipeline_parallel_size
+    if not 1 <= p <= num_layers:
+        raise ValueError(f"pipeline_parallel_size must be between 1 and the model's {num_layers} layers, "
+                         f"got {p}")
+    layers = [num_layers // p] * p
+    for i in range(2, num_layers % p + 2):
+        layers[-i] += 1
+    return layers
+
+
 def _sum_min(lo: int, hi: int, w: int) -> int:
     """sum(min(k, w) for k in range(lo, hi + 1)): keys seen by queries at positions lo-1 .. hi-1."""
     if hi < lo:
@@ -311,6 +345,18 @@ class CostModel:
     # one of them, plus its all-reduces over the accelerator's link (all_reduce_time).
     tensor_parallel_size: int = 1
     all_reduce_latency_s: float = DEFAULT_ALL_REDUCE_LATENCY_S
+    # Pipeline parallelism: the layers in this many stages, each on its own (tensor-parallel) GPUs;
+    # step_cost still prices the whole model on one GPU, stage_times splits it between the stages.
+    pipeline_parallel_size: int = 1
+    pipeline_send_latency_s: float = DEFAULT_SEND_LATENCY_S
+
+    def __post_init__(self) -> None:
+        pipeline_stage_layers(self.model.num_layers, self.pipeline_parallel_size)  # a clear error early
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs one instance uses: tensor_parallel_size x pipeline_parallel_size (vLLM's world size)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @classmethod
     def create(cls, model: Any, gpu: str | Accelerator = "h100", dtype: str | None = None,
@@ -411,6 +457,40 @@ class CostModel:
 
     def step_time(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> float:
         return self.step_cost(chunks, num_sampled).time
+
+    # ---- pipeline parallelism ----
+    def pipeline_send_time(self, tokens: int) -> float:
+        """One stage handing a batch on to the next: the hidden states and the residual of every token
+        (vLLM's ``IntermediateTensors`` for a Llama), 16-bit, over the accelerator's link."""
+        nbytes = 2 * tokens * self.model.hidden_size * max(self.model.weight_bytes_per_param, 2.0)
+        link = self.accelerator.link_bandwidth_bytes_per_s
+        if not link:
+            raise ValueError(f"{self.accelerator.name} has no link bandwidth in the hardware table: "
+                             "pipeline parallelism cannot be priced on it")
+        return self.pipeline_send_latency_s + nbytes / link
+
+    def split_stages(self, body: float, head: float, fixed: float, tokens: int) -> list[float]:
+        """Seconds each stage works on one batch, from the step's three parts on one GPU: ``body`` (the
+        layers' ops, split by layer count), ``head`` (LM head and sampling: the last stage) and ``fixed``
+        (the per-step overhead: scheduling and input preparation happen before the first stage)."""
+        layers = pipeline_stage_layers(self.model.num_layers, self.pipeline_parallel_size)
+        send = self.pipeline_send_time(tokens) if len(layers) > 1 else 0.0
+        times = [body * n / self.model.num_layers + send for n in layers]
+        times[-1] += head - send
+        times[0] += fixed
+        return times
+
+    def stage_times_of(self, cost: StepCost) -> list[float]:
+        """``split_stages`` of a priced step (one element, its time, without pipeline parallelism)."""
+        if self.pipeline_parallel_size == 1:
+            return [cost.time]
+        head = sum(o.time for o in cost.ops if o.name in HEAD_OPS)
+        return self.split_stages(sum(o.time for o in cost.ops) - head, head, cost.overhead, cost.num_tokens)
+
+    def stage_times(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> list[float]:
+        """Seconds each pipeline stage spends on one batch of ``chunks``. Their sum is the batch's
+        latency through the pipeline; the largest bounds how often a new batch can enter it."""
+        return self.stage_times_of(self.step_cost(chunks, num_sampled))
 
     # ---- the two textbook cases ----
     def decode_cost(self, batch_size: int, context_len: int) -> StepCost:

@@ -70,6 +70,9 @@ class DisaggregatedCluster(SimulatorBase):
                              "its decode instances with Simulator(..., speculative_config=..., "
                              "acceptance_rate=...)")
         self._setup(model, gpu, config, cost_model, dtype, engine_kwargs)
+        if self.cost_model.pipeline_parallel_size > 1:
+            raise ValueError("the disaggregated simulator does not model pipeline parallelism; use "
+                             "tensor_parallel_size for its pools, or Simulator for a pipelined replica")
         self.prefill_config = dataclasses.replace(self.config, **(prefill_kwargs or {}))
         decode = {"enable_prefix_caching": False, **(decode_kwargs or {})}
         self.decode_config = dataclasses.replace(self.config, **decode)

@@ -83,6 +83,10 @@ class RooflineExecutor:
         if cm.tensor_parallel_size > 1:
             one, two = cm.all_reduce_cost(1), cm.all_reduce_cost(2)
             self._all_reduce = (2 * one.time - two.time, two.time - one.time)  # (per step, per token)
+        # pipeline parallelism: step_time is one batch's trip through all stages; each stage's share is
+        # kept in last_stage_times for the pipeline that decides when the stages are free
+        self._pipeline = cm.pipeline_parallel_size > 1
+        self.last_stage_times: list[float] = []
 
     def reset(self) -> None:
         """Forget the last run's hidden lengths and restart the acceptance draws (a new run)."""
@@ -135,17 +139,22 @@ class RooflineExecutor:
                     tokens = tokens[:max(room, 1)]
                     tokens[-1] = EOS_TOKEN
             sampled[req.request_id] = tokens if drafts else tokens[0]
-        return ModelRunnerOutput(sampled, elapsed=self.step_cost(output).time)
+        return ModelRunnerOutput(sampled, elapsed=self._priced(self.step_cost(output)))
+
+    def _priced(self, cost: StepCost) -> float:
+        return self._stages(self.cost_model.stage_times_of(cost)) if self._pipeline else cost.time
 
     def step_time(self, output: SchedulerOutput, num_sampled: int | None = None) -> float:
         """Predicted seconds for this step (``num_sampled``: the LM-head rows, if the caller counted them).
+        Under pipeline parallelism: the batch's trip through every stage, each stage's share kept in
+        ``last_stage_times``.
 
         Decodes come from ``decode_context_lens`` in bulk (a decode computes one token, so its chunk is
         ``(1, length - 1)``); only the prefill chunks are looked at one by one, and a one-token chunk is
         priced as a decode, as ``CostModel.step_cost`` does.
         """
         if not self._full_attention:
-            return self.step_cost(output).time
+            return self._priced(self.step_cost(output))
         lens = output.decode_context_lens
         decodes = len(lens)
         d_kv = sum(lens)
@@ -167,13 +176,21 @@ class RooflineExecutor:
         t_pair, t_kv = self._t_pair, self._t_kv
         proj, mlp, lm = self._proj, self._mlp, self._lm
         mlp_bytes = mlp[1] if self._moe is None else self._moe[0].mlp_weight_bytes(tokens) / self._moe[1]
-        t = max(tokens * proj[0], proj[1]) + max(tokens * mlp[0], mlp_bytes)
-        if sampled:
-            t += max(sampled * lm[0], lm[1]) + sampled * self._t_logits
+        body = max(tokens * proj[0], proj[1]) + max(tokens * mlp[0], mlp_bytes)
+        head = max(sampled * lm[0], lm[1]) + sampled * self._t_logits if sampled else 0.0
         if p_pairs:
-            t += max(p_pairs * t_pair, p_kv * t_kv)
+            body += max(p_pairs * t_pair, p_kv * t_kv)
         if decodes:
-            t += max(d_kv * t_pair, (d_kv + decodes) * t_kv)
+            body += max(d_kv * t_pair, (d_kv + decodes) * t_kv)
         if self._all_reduce[1]:
-            t += self._all_reduce[0] + tokens * self._all_reduce[1]
-        return t + tokens * self._t_elem + self._overhead + self._per_seq * len(output.entries)
+            body += self._all_reduce[0] + tokens * self._all_reduce[1]
+        body += tokens * self._t_elem
+        fixed = self._overhead + self._per_seq * len(output.entries)
+        if self._pipeline:
+            return self._stages(self.cost_model.split_stages(body, head, fixed, tokens))
+        return body + head + fixed
+
+    def _stages(self, times: list[float]) -> float:
+        """Keep a pipeline step's per-stage times for ``PipelineExecutor``; the batch's latency alone."""
+        self.last_stage_times = times
+        return sum(times)

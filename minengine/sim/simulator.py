@@ -26,9 +26,10 @@ from minengine.core.scheduler import check_request_size
 from minengine.kvcalc import kv_cache_budget
 from minengine.metrics.stats import RunSummary, max_rate_meeting_slo, summarize
 from minengine.perf.hardware import Accelerator
-from minengine.perf.roofline import CostModel
+from minengine.perf.roofline import CostModel, pipeline_stage_layers
 from minengine.sim.executor import EOS_TOKEN, RooflineExecutor
 from minengine.sim.instance import EventLoop, SimInstance, make_router
+from minengine.sim.pipeline import Pipeline, PipelineExecutor
 from minengine.sim.workload import RequestSpec, prompt_token_ids, with_rate
 
 
@@ -48,16 +49,22 @@ def kv_cache_blocks(cost_model: CostModel, config: EngineConfig) -> int:
     ``num_blocks``, ``kv_cache_memory_bytes``, or (on a datasheet GPU) ``kvcalc.kv_cache_budget``:
     memory x gpu_memory_utilization - weights - activation reserve, as vLLM and ``minengine kv`` size
     it. A measured CPU gets the engine's fixed CPU budget. Under tensor parallelism, one GPU's share:
-    its slice of the weights against its slice of every token's K/V (the same blocks on every GPU)."""
+    its slice of the weights against its slice of every token's K/V (the same blocks on every GPU).
+    Under pipeline parallelism the fullest stage decides: its layers' weights (plus the embedding or the
+    LM head) against its layers' K/V of each token; every stage holds its layers of the same blocks."""
     shape, acc = cost_model.model.sharded(cost_model.tensor_parallel_size), cost_model.accelerator
+    layers = pipeline_stage_layers(shape.num_layers, cost_model.pipeline_parallel_size)
+    last = len(layers) - 1
+    weights = max(shape.stage_weight_bytes(n, i == 0, i == last) for i, n in enumerate(layers))
+    kv_per_token = shape.kv_bytes_per_token * max(layers) / shape.num_layers
     gpu_budget = None
     if not acc.key.startswith("this-machine-cpu"):
-        gpu_budget = kv_cache_budget(acc.memory_bytes, config.gpu_memory_utilization, shape.weight_bytes)
+        gpu_budget = kv_cache_budget(acc.memory_bytes, config.gpu_memory_utilization, weights)
     return config.num_kv_blocks(
-        shape.kv_bytes_per_token, gpu_budget,
-        context=f"{shape.name} ({shape.weight_bytes / 2**30:.1f} GiB of weights) on {acc.name} "
+        kv_per_token, gpu_budget,
+        context=f"{shape.name} ({weights / 2**30:.1f} GiB of weights) on {acc.name} "
                 f"({acc.memory_bytes / 2**30:.0f} GiB): ",
-        hint="pick a bigger GPU, set kv_cache_memory_bytes or set num_blocks",
+        hint="pick a bigger GPU, more GPUs, set kv_cache_memory_bytes or set num_blocks",
     )
 
 
@@ -90,6 +97,8 @@ class SimResult:
     steps: list[StepRecord]
     instance_steps: dict[str, list[StepRecord]] = field(default_factory=dict, repr=False)
     label: str = ""
+    # pipeline parallelism: per replica, the share of the run each stage spent working (1 - the bubble)
+    stage_utilization: list[list[float]] = field(default_factory=list)
 
     def summary(self, slo: dict[str, float] | None = None) -> RunSummary:
         return summarize(self.requests, self.steps, slo=slo)
@@ -131,8 +140,9 @@ class SimulatorBase:
             raise ValueError("the workload has no requests")
         limit, bs = self.config.max_model_len, self.config.block_size
         assert limit is not None
+        blocks = self.num_blocks // self.cost_model.pipeline_parallel_size  # one engine's share
         for i, s in enumerate(specs):
-            check_request_size(str(i), s.prompt_len, s.max_output_len, limit, self.num_blocks, bs)
+            check_request_size(str(i), s.prompt_len, s.max_output_len, limit, blocks, bs)
         return sorted(specs, key=lambda s: s.arrival_time)
 
     def _kick(self, loop: EventLoop, inst: SimInstance, on_done: Callable[[SimInstance, list[Request]], None]
@@ -192,15 +202,18 @@ class Simulator(SimulatorBase):
         if c.speculative_config is not None:
             spec = (f", {c.speculative_config.num_speculative_tokens} drafts a step kept at "
                     f"{self.executor.acceptance_rate:g}")
-        gpus = f"{cm.tensor_parallel_size} x " if cm.tensor_parallel_size > 1 else ""
-        return (f"{reps}{cm.model.name} on {gpus}{cm.accelerator.name}: {policy}, {chunk}{spec}, "
+        gpus = f"{cm.num_gpus} x " if cm.num_gpus > 1 else ""
+        split = [f"TP {cm.tensor_parallel_size}"] if cm.tensor_parallel_size > 1 else []
+        split += [f"PP {cm.pipeline_parallel_size}"] if cm.pipeline_parallel_size > 1 else []
+        split_text = f" ({' x '.join(split)})" if split else ""
+        return (f"{reps}{cm.model.name} on {gpus}{cm.accelerator.name}{split_text}: {policy}, {chunk}{spec}, "
                 f"{self.num_blocks * c.block_size:,} KV tokens")
 
     def run(self, workload: Sequence[RequestSpec]) -> SimResult:
         specs = self._validate(workload)
-        instances = [self._instance(f"replica-{i}") for i in range(self.num_replicas)]
-        router = make_router(self.router_name)
         loop, records = EventLoop(), []
+        instances, pipelines = self._replicas(loop)
+        router = make_router(self.router_name)
         self.executor.reset()
 
         def arrive(i: int) -> None:
@@ -214,7 +227,25 @@ class Simulator(SimulatorBase):
 
         self._arrivals(loop, specs, arrive)
         loop.run()
-        return collect_result(records, instances, self.describe())
+        result = collect_result(records, instances, self.describe())
+        if pipelines and result.steps:
+            span = max(s.end for s in result.steps) - min(s.start for s in result.steps)
+            result.stage_utilization = [p.utilization(span) for p in pipelines]
+        return result
+
+    def _replicas(self, loop: EventLoop) -> tuple[list[SimInstance], list[Pipeline]]:
+        """One engine per replica; under pipeline parallelism, p virtual engines per replica sharing its
+        stages, each with 1/p of its KV blocks (vLLM V0's split), listed engine-major so that the router
+        deals requests over replicas first."""
+        p = self.cost_model.pipeline_parallel_size
+        if p == 1:
+            return [self._instance(f"replica-{i}") for i in range(self.num_replicas)], []
+        pipelines = [Pipeline(p) for _ in range(self.num_replicas)]
+        clock = lambda: loop.now  # noqa: E731  (a virtual engine's step starts at the loop's time)
+        instances = [SimInstance(f"replica-{i}/engine-{v}", self.config, self.num_blocks // p,
+                                 PipelineExecutor(self.executor, pipelines[i], clock))
+                     for v in range(p) for i in range(self.num_replicas)]
+        return instances, pipelines
 
 
 def collect_result(records: list[RequestRecord], instances: Sequence[SimInstance], label: str) -> SimResult:
