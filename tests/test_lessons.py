@@ -121,5 +121,5 @@ def test_there_are_lessons() -> None:
     # COURSE.md's ten modules (numbering and titles may change; coverage may not)
     for required in ("00_start_here", "01_two_phases", "02_roofline", "03_measuring_latency", "04_kv_cache",
                      "05_batching", "06_chunked_prefill", "07_prefix_caching", "08_streaming_serving",
-                     "09_disaggregation_capacity", "10_speculative_decoding"):
+                     "09_disaggregation_capacity", "10_speculative_decoding", "11_beyond_one_gpu"):
         assert f"{required}.ipynb" in names

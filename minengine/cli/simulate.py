@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate each request rate and report DistServe's goodput")
     s.add_argument("--slo", type=_slo, default=None, metavar="ttft:MS,tpot:MS",
                    help="SLOs in ms (ttft, tpot, e2e): goodput and attainment")
+    s.add_argument("--price-per-gpu-hour", type=positive_float, default=None, metavar="USD",
+                   help="what one GPU-hour costs, for the cost per million tokens (default: the first "
+                        "on-demand list price for the GPU in minengine.perf.prices, where it has one)")
 
 
 def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -157,6 +160,41 @@ def _build(args: argparse.Namespace) -> Any:
     return Simulator(cost_model=cost_model, num_replicas=args.replicas, router=args.router, **engine)
 
 
+def _price(args: argparse.Namespace) -> tuple[float, str] | None:
+    """(USD per GPU-hour, where it came from), or None where the table has no price for the GPU."""
+    if args.price_per_gpu_hour is not None:
+        return args.price_per_gpu_hour, f"${args.price_per_gpu_hour:.2f}/GPU-h (as given)"
+    from minengine.perf.hardware import ACCELERATORS, get_accelerator
+    from minengine.perf.prices import gpu_price
+
+    try:
+        key = get_accelerator(args.gpu).key
+    except ValueError:
+        return None  # 'this-machine' and the like: no list price
+    if key not in ACCELERATORS:
+        return None
+    try:
+        row = gpu_price(key)
+    except ValueError:
+        print(f"(no list price for {ACCELERATORS[key].name} in minengine.perf.prices: give "
+              "--price-per-gpu-hour for the cost per token)")
+        return None
+    return row.usd_per_gpu_hour, row.describe() + "; --price-per-gpu-hour to change"
+
+
+def _print_cost(sim: Any, result: Any, price: tuple[float, str], rate: float | None, label: str) -> None:
+    from minengine.sim.token_cost import serving_cost
+
+    instances = getattr(sim, "num_replicas", None) or sim.num_prefill + sim.num_decode  # colocated or pools
+    try:
+        costs = serving_cost(result, sim.cost_model, price[0], instances, rate)
+    except ValueError as exc:
+        print(f"Cost per token: not priced ({exc})")
+        return
+    gpus = instances * sim.cost_model.num_gpus
+    print(f"Cost {label} on {gpus} GPU{'s' if gpus > 1 else ''} at {price[1]}:\n  {costs.describe()}")
+
+
 def run(args: argparse.Namespace) -> int:
     from minengine.sim.simulator import sweep
     from minengine.sim.workload import describe
@@ -177,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"minengine simulate: error: {message}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
+    try:
+        price = _price(args)
+    except ValueError as exc:
+        print(f"minengine simulate: error: {exc}", file=sys.stderr)
+        return 2
     print(f"Simulated {sim.describe()}")
     print(f"Workload: {describe(workload)}")
     if args.sweep:
@@ -187,8 +230,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"DistServe goodput (>= 90% of requests meet TTFT <= {slo['ttft']:g} ms and TPOT <= "
                   f"{slo['tpot']:g} ms): "
                   + ("below the lowest rate" if best is None else f"{best:.2f} req/s"))
+            if best is not None and price is not None:
+                # the GPU-time split of the busiest swept run within the SLO, sold at the goodput
+                run_ok = max((r for rate, r, s in zip(result.rates, result.results, result.summaries,
+                                                      strict=True)
+                              if rate <= best and (s.slo_attainment or 0.0) >= 0.9),
+                             key=lambda r: r.summary().request_throughput, default=result.results[0])
+                _print_cost(sim, run_ok, price, best, f"at the goodput, {best:.2f} req/s")
     else:
         print(single.summary(args.slo).format_table("Simulated Serving Benchmark Result"))
+        if price is not None:
+            rate = args.rate if math.isfinite(args.rate) and not args.trace else None
+            label = (f"at {rate:g} req/s" if rate else
+                     "flat out (no SLO: the cheapest figure, and no service anyone can sell)")
+            _print_cost(sim, single, price, rate, label)
         for i, busy in enumerate(single.stage_utilization):
             print(f"Pipeline stages busy (replica {i}): " + ", ".join(f"{100 * b:.0f}%" for b in busy)
                   + " of the run (the rest is the bubble)")

@@ -327,6 +327,8 @@ LESSONS = (
     # Speedup against batch and acceptance on the simulated H100, the simulator's dots on the closed form.
     LessonInBrowser("10_speculative_decoding", 3, ((r"CURVE_BATCHES, kv_capacity", "lesson10_gpu_scale"),),
                     lesson10_speculative),
+    # The all-reduce's share of a step against batch, TP and link; no widget (everything is a run).
+    LessonInBrowser("11_beyond_one_gpu", 3, ((r"the all-reduce tax", "lesson11_all_reduce_tax"),)),
 )
 
 
