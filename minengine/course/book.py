@@ -43,7 +43,7 @@ OUT_DIR = ROOT / "build" / "book"
 MACHINE_FILE = "machine.json"
 # After which lesson each graded assignment comes (COURSE.md's module table), by assignment id prefix.
 GRADED_AFTER = {"01": ("quiz1",), "04": ("lab1", "quiz2"), "06": ("lab2", "quiz3"), "08": ("lab3", "quiz4"),
-                "09": ("quiz5",), "10": ("quiz6",)}
+                "09": ("quiz5",), "10": ("quiz6",), "11": ("quiz7",)}
 LAB_LINK = re.compile(r"\(\.\./labs/([\w-]+)/\1\.ipynb\)")
 LEAKS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS",
          "BEGIN MARK SCHEME", "@@", "* [x]", "* [X]")
