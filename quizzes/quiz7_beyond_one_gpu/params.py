@@ -61,9 +61,10 @@ def _tp_machine(rng: random.Random) -> dict:
     batch."""
     kind = rng.choice(["cpu", "nvlink", "pcie"])
     machine = {
-        "cpu": "on one laptop CPU, as two processes (gloo), at batch 1",
-        "nvlink": "on two H100 SXM GPUs joined by NVLink, at batch 1",
-        "pcie": "on two H100 PCIe cards with no bridge (PCIe Gen5 between them), at a batch of 512",
+        "cpu": "from TP = 1 to TP = 2 on one laptop CPU, as two processes (gloo), at batch 1",
+        "nvlink": "from TP = 1 to TP = 2 on two H100 SXM GPUs joined by NVLink, at batch 1",
+        "pcie": ("from TP = 4 to TP = 8 on eight H100 PCIe cards with no NVLink (PCIe Gen5 between them), "
+                 "at a batch of 512"),
     }[kind]
     why = {
         "cpu": ("On one CPU both ranks read from the same memory through the same cores that one process "
@@ -72,14 +73,15 @@ def _tp_machine(rng: random.Random) -> dict:
                 "through the operating system, far slower than the tiny step's matmuls. Lesson 11 measures "
                 "such a step at several times the TP = 1 one, with the same tokens."),
         "nvlink": ("Each GPU reads its half of the weights from its own memory at full bandwidth, so the "
-                   "bandwidth-bound step's weight read halves. What does not halve: the 2 x layers "
-                   "all-reduces (each a fixed ~10 us at one token's message), the per-step overhead, and "
-                   "the un-split parts. So the step is faster by less than 2x; lesson 11's model gives "
-                   "29.9 ms at TP 2 and 9.1 ms at TP 8 for a 70B, 3.3x for 4x the GPUs."),
-        "pcie": ("At batch 512 each all-reduce carries 512 tokens x hidden values, and the step has two per "
-                 "layer; over PCIe, seven times slower than NVLink, those bytes take a large share of the "
-                 "step (lesson 11's curve climbs toward half of it at TP 8), so much of the split's gain is "
-                 "lost to communication. The weight read still halves; the link is what eats the gain."),
+                   "bandwidth-bound step's weight read halves. What does not halve is small: the 2 x layers "
+                   "all-reduces, each about its fixed ~10 us at one token's message, and the per-step "
+                   "overhead. Lesson 11's cost model gives a 70B's batch-1 step 1.9x faster at TP 2 than at "
+                   "TP 1: nearly, not quite, twice."),
+        "pcie": ("At batch 512 each all-reduce carries 512 tokens x hidden values, two per layer, and over "
+                 "PCIe, seven times slower than NVLink, those bytes take about half of the TP 8 step "
+                 "(lesson 11's curve: 52 %). The weight read still halves, but the communication that "
+                 "comes with the wider split eats most of the gain: the cost model gives 1.36x for doubling "
+                 "the GPUs. That is why TP stays inside an NVLink domain."),
     }[kind]
     return {"q2_machine": machine, **_marks("q2", ("cpu", "nvlink", "pcie"), kind), "q2_why": repr(why)}
 
