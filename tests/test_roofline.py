@@ -509,3 +509,20 @@ def test_deepseek_v3_activates_37b_of_its_671b() -> None:
     assert m.active_params == pytest.approx(37e9, rel=0.02)
     assert m.experts_touched(1) == pytest.approx(8.0)
     assert 200 < m.experts_touched(64) < 230  # a batch of 64 already reads most of every layer's experts
+
+
+def test_expert_parallel_all_to_all_moves_each_tokens_hidden_state_to_its_experts_and_back() -> None:
+    """DeepSeek-V3: 58 MoE layers, 8 experts per token, hidden 7,168; FP8 out and bf16 back, as its report
+    deploys it: ~10 MB per token per step once nearly every expert lives on another GPU."""
+    cm = CostModel.create("deepseek-v3", "h200")
+    one = cm.all_to_all_cost(1, 320, dispatch_bytes=1)
+    assert one.bytes == pytest.approx(58 * 8 * 7168 * 3 * 319 / 320)
+    assert 9.9e6 < one.bytes < 10.0e6
+    batch = cm.all_to_all_cost(256, 320, link_bandwidth_bytes_per_s=50e9, dispatch_bytes=1)
+    assert batch.time == pytest.approx(2 * 58 * 10e-6 + batch.bytes / 50e9)  # InfiniBand: ~51 ms of wire
+    assert 0.045 < batch.bytes / 50e9 < 0.055
+    assert cm.all_to_all_cost(256, 1).time == 0.0  # every expert at home: nothing crosses a link
+    with pytest.raises(ValueError, match="no routed experts"):
+        CostModel.create("llama-2-70b", "h100").all_to_all_cost(8, 8)
+    with pytest.raises(ValueError, match="at least 1"):
+        cm.all_to_all_cost(8, 0)

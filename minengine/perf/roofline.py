@@ -37,6 +37,10 @@ One batch goes through the stages in turn, so alone it takes their sum: no faste
 throughput comes from keeping p batches in flight at once (``minengine.sim.pipeline``); with fewer, the
 idle stages are the pipeline's bubble.
 
+Expert parallelism (MoE experts spread over GPUs) is priced on its own, not inside ``step_cost``:
+``all_to_all_cost`` gives the bytes and time of a step's dispatch and combine; the simulator does not run
+expert-parallel instances.
+
 Why a sum and not ``max(total compute, total memory)``: a mixed step of 100 decodes and a 512-token
 prefill chunk does the chunk's compute-bound matmuls AND the decodes' bandwidth-bound attention; the two
 do not overlap (different kernels), so the step costs about the sum of the two, not the larger. Only
@@ -457,6 +461,34 @@ class CostModel:
 
     def step_time(self, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> float:
         return self.step_cost(chunks, num_sampled).time
+
+    def all_to_all_cost(self, tokens: int, expert_parallel_size: int,
+                        link_bandwidth_bytes_per_s: float | None = None, dispatch_bytes: float = 2.0,
+                        combine_bytes: float = 2.0) -> OpCost:
+        """A step's expert-parallel all-to-alls, seen from one GPU with ``tokens`` tokens (MoE only). In
+        every MoE layer each token's hidden state goes to the GPUs of its k routed experts (dispatch) and
+        their outputs come back (combine); with the experts spread evenly over ``expert_parallel_size``
+        GPUs, a share (e - 1) / e of those trips leave the GPU. So one GPU sends and receives ``tokens x k
+        x hidden x (dispatch + combine bytes) x (e - 1) / e`` per layer, plus a latency for each of the
+        layer's two all-to-alls. DeepSeek-V3's deployment dispatches in FP8 (``dispatch_bytes=1``) and
+        combines in bf16 (its technical report, arXiv 2412.19437, section 3.4).
+        ``link_bandwidth_bytes_per_s``: default the accelerator's link (NVLink in a node); between nodes,
+        the network's (50e9 for a 400 Gb/s InfiniBand port per GPU)."""
+        m = self.model
+        if not m.num_experts:
+            raise ValueError(f"{m.name} has no routed experts: expert parallelism does not apply")
+        e = expert_parallel_size  # may exceed the experts: copies of busy ones (DeepSeek-V3: 256 on 320 GPUs)
+        if e < 1:
+            raise ValueError(f"expert_parallel_size must be at least 1, got {e}")
+        link = link_bandwidth_bytes_per_s or self.accelerator.link_bandwidth_bytes_per_s
+        if not link:
+            raise ValueError(f"{self.accelerator.name} has no link bandwidth: give "
+                             "link_bandwidth_bytes_per_s")
+        layers = m.num_moe_layers or m.num_layers
+        wire = (layers * tokens * m.experts_per_token * m.hidden_size * (dispatch_bytes + combine_bytes)
+                * (e - 1) / e)
+        latency = 2 * layers * self.all_reduce_latency_s if e > 1 else 0.0
+        return OpCost("all_to_all", 0.0, wire, 0.0, latency + wire / link)
 
     # ---- pipeline parallelism ----
     def pipeline_send_time(self, tokens: int) -> float:
