@@ -411,3 +411,18 @@ def test_while_grading_the_client_is_given_a_relay_to_the_bare_reference(
 
     with pytest.raises(AssertionError, match="0 request"):
         sc.check_client(invented, ref, "Once upon a time", max_tokens=8)
+
+
+def test_a_load_clients_itl_may_sit_low_only_by_its_late_first_tokens() -> None:
+    """Three streams of 11 tokens, the engine's 60 ms apart. A client whose first tokens arrived 300 ms
+    late (and its last ones on time) sees each stream's span 300 ms shorter, its 10 gaps 30 ms shorter
+    each: accepted. The same short gaps with punctual first tokens, or gaps too long, are a wrong
+    measurement."""
+    server_gaps, server_ttfts = [0.060] * 30, [0.10, 0.12, 0.14]
+    late_ttfts = [t + 0.3 for t in server_ttfts]
+    short = [0.060 - 0.3 / 10] * 30  # each stream's span shorter by the 0.3 s its first token lost
+    assert sc.mean_itl_disagrees(late_ttfts, server_ttfts, short, server_gaps, 0.2) is None
+    assert "your mean ITL is 30.0 ms, the engine's 60.0 ms" in sc.mean_itl_disagrees(
+        server_ttfts, server_ttfts, short, server_gaps, 0.2)
+    assert sc.mean_itl_disagrees(late_ttfts, server_ttfts, [0.090] * 30, server_gaps, 0.2) is not None
+    assert sc.mean_itl_disagrees(server_ttfts, server_ttfts, [0.065] * 30, server_gaps, 0.2) is None

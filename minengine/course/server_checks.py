@@ -438,6 +438,21 @@ def check_client(measure: Callable[..., Any], ref: ServerProcess, prompt: str, m
         f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"
 
 
+def mean_itl_disagrees(client_ttfts: list[float], server_ttfts: list[float], gaps: list[float],
+                       server_gaps: list[float], itl_tolerance: float) -> str | None:
+    """Why a load client's mean inter-token gap does not match the engine's records, or None when it does:
+    within ``itl_tolerance`` relative + 5 ms. A first token that reaches a busy client late shortens the
+    span its later gaps add up to, so the client's mean may also sit lower by the streams' total
+    first-token lateness spread over all the gaps (seen on a loaded 2-core grader: TTFTs late, a mean ITL
+    of 46 ms against the engine's 66 ms)."""
+    mean, server_mean = sum(gaps) / max(1, len(gaps)), sum(server_gaps) / max(1, len(server_gaps))
+    late = max(0.0, sum(client_ttfts) - sum(server_ttfts)) / max(1, len(gaps))
+    slack = itl_tolerance * server_mean + 0.005
+    if -(slack + late) <= mean - server_mean <= slack:
+        return None
+    return f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"
+
+
 def check_load(measure_load: Callable[..., Any], ref: ServerProcess, prompts: list[str], max_tokens: int = 12,
                delay: float = 0.05, ttft_tolerance: float = 0.5, itl_tolerance: float = 0.2) -> None:
     """The learner's load client against the reference server (steps slowed by ``delay``): one result per
@@ -475,6 +490,5 @@ def check_load(measure_load: Callable[..., Any], ref: ServerProcess, prompts: li
     gaps = [float(g) for one in got for g in one["itl_s"]]
     assert abs(len(gaps) - len(server_gaps)) <= len(prompts), \
         f"{len(gaps)} inter-token gaps in all, but the engine's records have {len(server_gaps)}"
-    mean, server_mean = sum(gaps) / max(1, len(gaps)), sum(server_gaps) / max(1, len(server_gaps))
-    assert abs(mean - server_mean) <= itl_tolerance * server_mean + 0.005, \
-        f"your mean ITL is {mean * 1000:.1f} ms, the engine's {server_mean * 1000:.1f} ms"
+    problem = mean_itl_disagrees(client_ttfts, server_ttfts, gaps, server_gaps, itl_tolerance)
+    assert problem is None, problem
