@@ -164,19 +164,17 @@ def _price(args: argparse.Namespace) -> tuple[float, str] | None:
     """(USD per GPU-hour, where it came from), or None where the table has no price for the GPU."""
     if args.price_per_gpu_hour is not None:
         return args.price_per_gpu_hour, f"${args.price_per_gpu_hour:.2f}/GPU-h (as given)"
-    from minengine.perf.hardware import ACCELERATORS, get_accelerator
+    from minengine.perf.hardware import get_accelerator
     from minengine.perf.prices import gpu_price
 
     try:
-        key = get_accelerator(args.gpu).key
+        accelerator = get_accelerator(args.gpu)
     except ValueError:
         return None  # 'this-machine' and the like: no list price
-    if key not in ACCELERATORS:
-        return None
     try:
-        row = gpu_price(key)
+        row = gpu_price(accelerator.key)
     except ValueError:
-        print(f"(no list price for {ACCELERATORS[key].name} in minengine.perf.prices: give "
+        print(f"(no list price for {accelerator.name} in minengine.perf.prices: give "
               "--price-per-gpu-hour for the cost per token)")
         return None
     return row.usd_per_gpu_hour, row.describe() + "; --price-per-gpu-hour to change"
