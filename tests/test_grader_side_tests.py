@@ -5,6 +5,7 @@ the parts on their own, with a stand-in kernel that is a namespace in this proce
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -21,10 +22,12 @@ from minengine.course.grader_side_tests import (
     KernelFunction,
     free_names,
     kernel_call,
+    policy_findings,
     read_reply,
     rebuild,
     reference_findings,
     run_test_cell,
+    student_code,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,20 +81,85 @@ def test_the_lab1_solutions_are_their_own_and_a_reference_call_is_found() -> Non
 
 
 def test_ordinary_code_is_not_flagged_but_ways_to_find_loaded_modules_are() -> None:
+    noisy = ("import math\nimport sys\n\n"
+             "def noisy(x):\n    print('note', file=sys.stderr)\n    return math.ceil(x)\n")
+    assert reference_findings([noisy]) == {"math": [], "sys": [], "noisy": []}
     found = reference_findings([
-        "import math\nimport sys\n\n"
-        "def noisy(x):\n    print('note', file=sys.stderr)\n    return math.ceil(x)\n",
+        noisy,
         "import gc\n\ndef hunt(x):\n    return [o for o in gc.get_objects() if callable(o)]\n",
         "import sys\n\ndef lookup(x):\n    return sys.modules['minengine.kvcalc']\n",
     ])
-    assert found["noisy"] == [] and found["math"] == []
     assert "import gc" in found["gc"] and "import gc" in found["hunt"]
     assert "'modules'" in found["lookup"]
+    # Both can reach the kernel's globals and rebind any name, so they count against every function.
+    assert "import gc" in found["noisy"] and "'modules'" in found["noisy"]
 
 
 def test_code_run_at_a_cells_top_level_counts_against_every_function() -> None:
     found = reference_findings(["exec(SOURCE)\n", "def mine(x):\n    return x\n"])
     assert "'exec'" in found["mine"]  # exec could have defined any function, this one included
+
+
+def test_every_cell_the_student_controls_is_read_and_the_restored_ones_are_not() -> None:
+    nb = nbformat.read(LAB1, as_version=4)
+    nb.cells.insert(3, nbformat.v4.new_code_cell("from minengine import kvcalc as calculator"))
+    read = student_code(nb.cells)
+    assert "from minengine import kvcalc as calculator" in read  # a cell the student added
+    assert any(s.startswith("import json") for s in read)  # the release's unmarked cells are editable
+    tests = [c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert tests and not set(tests) & set(read)  # nbgrader restores these from the gradebook
+    # The lab's own unmarked cells (one imports minengine's engine, another its widget) leave the
+    # solutions' functions their own.
+    found = reference_findings(student_code(nbformat.read(LAB1, as_version=4).cells))
+    functions = {stmt.name for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")
+                 for stmt in ast.parse(c.source).body if isinstance(stmt, ast.FunctionDef)}
+    assert {"kv_bytes_per_token", "plot_kv_vs_context", "first_preemption_step"} <= functions
+    assert {name: found[name] for name in functions} == {name: [] for name in functions}
+    assert "import minengine.LLM" in found["LLM"]  # the engine cell's names are not the learner's own
+
+
+@pytest.mark.parametrize("cells", [
+    ["if True:\n    from minengine import kvcalc as calc\n", "def f(c):\n    return calc.x(c)\n"],
+    ["def setup():\n    global calc\n    from minengine import kvcalc as calc\n\nsetup()\n",
+     "def f(c):\n    return calc.x(c)\n"],
+    ["from minengine import kvcalc as calc\n", "if True:\n    def f(c):\n        return calc.x(c)\n"],
+    ["from minengine import kvcalc as calc\n", "def f(c):\n    return calc.x(c)\n",
+     "if False:\n    def f(c):\n        return 1\n"],
+    ["%time from minengine import kvcalc as calc\n", "def f(c):\n    return calc.x(c)\n"],
+    ["%timeit -n 1 -r 1 from minengine import kvcalc as calc\n", "def f(c):\n    return calc.x(c)\n"],
+    ["%%capture out\nfrom minengine import kvcalc as calc\n", "def f(c):\n    return calc.x(c)\n"],
+    ["from minengine import kvcalc as calc\n",
+     "def f(c):\n    def inner():\n        calc = 1\n    return calc.x(c)\n"],
+], ids=["import-under-if", "global-in-a-function", "def-under-if", "redefined-where-it-never-runs",
+        "time-magic", "timeit-magic-options", "capture-cell-magic", "a-local-of-that-name-elsewhere"])
+def test_a_reference_bound_out_of_the_usual_places_is_found(cells: list[str]) -> None:
+    assert "import minengine.kvcalc" in reference_findings(cells)["f"]
+
+
+def test_a_local_variable_is_not_the_global_of_the_same_name() -> None:
+    found = reference_findings(["from minengine import LLM\nfor name in ['a']:\n    llm = LLM(name)\n",
+                                "def f(names):\n    return [name.upper() for name in names]\n",
+                                "def g(llm):\n    return llm\n", "def h():\n    return llm\n"])
+    assert found["f"] == found["g"] == [] and "import minengine.LLM" in found["h"]
+
+
+def test_modules_of_the_students_making_and_unreadable_magics_are_not_their_own() -> None:
+    written = ["%%writefile helper.py\nfrom minengine.kvcalc import kv_bytes_per_token as f\n",
+               "from helper import f as g\n\ndef f(c):\n    return g(c)\n"]
+    assert reference_findings(written)["f"] == ["import helper.f"]  # the grader cannot read helper.py
+    assert policy_findings(written)["f"] == ["import helper.f"]
+    assert reference_findings(["%run helper.py\n", "def f(c):\n    return c\n"])["f"] == ["the magic %run"]
+    harmless = ["%matplotlib inline\n%load_ext autoreload\n%autoreload 2\nimport numpy as np\nfiles = !ls\n",
+                "def f(c):\n    return np.sum(c)\n", "%timeit f([1, 2])\n"]
+    assert reference_findings(harmless)["f"] == []
+
+
+@pytest.mark.parametrize("binder", ["globals()['calc'] = 1", "setup.__globals__['calc'] = 1",
+                                    "sys.modules['__main__'].calc = 1", "gc.get_objects()"])
+def test_a_function_that_can_rebind_globals_counts_against_every_function(binder: str) -> None:
+    found = reference_findings(["import gc\nimport sys\n", f"def setup():\n    {binder}\n",
+                                "def f(c):\n    return calc\n"])
+    assert found["f"], binder
 
 
 def test_a_figure_travels_as_its_lines_and_labels() -> None:

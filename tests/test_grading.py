@@ -42,6 +42,7 @@ TIMEOUT = 15  # seconds per cell: short, so the planted infinite loops cost litt
 SEED = 2026  # the course seed of the module's course directory (another seed is tested on its own)
 PLANTED = [(a, p.stem) for a in SOURCES for p in sorted((FIXTURES / a).glob("*.txt"))]
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
+ADDED = "added before "  # a fixture's edits key for a cell the student added
 
 
 # ------------------------------------------------------------------------------------ building students
@@ -78,7 +79,8 @@ def fill_fixture(text: str, values: dict[str, Any]) -> str:
 
 
 def parse_fixture(path: Path, values: dict[str, Any] | None = None) -> tuple[set[str], dict[str, str | None]]:
-    """(cells expected to score 0, edits: grade_id -> new source, or None to delete the cell)."""
+    """(cells expected to score 0, edits: grade_id -> new source, or None to delete the cell;
+    ``ADDED + grade_id`` -> the source of a cell the student added just before that one)."""
     lost: set[str] | None = None
     edits: dict[str, str | None] = {}
     current: str | None = None
@@ -87,6 +89,9 @@ def parse_fixture(path: Path, values: dict[str, Any] | None = None) -> tuple[set
             lost = set(line.removeprefix("# lost:").split())
         elif line.startswith("# %% delete "):
             edits[line.split()[-1]], current = None, None
+        elif line.startswith("# %% add before "):
+            current = ADDED + line.split()[-1]
+            edits[current] = ""
         elif line.startswith("# %% "):
             current = line.split()[-1]
             edits[current] = ""
@@ -111,11 +116,19 @@ def perfect_student(release_nb: Path, source_nb: Path) -> nbformat.NotebookNode:
 def planted_student(release_nb: Path, source_nb: Path, edits: dict[str, str | None]) -> nbformat.NotebookNode:
     nb = perfect_student(release_nb, source_nb)
     ids = {grade_id(c) for c in nb.cells}
-    assert set(edits) <= ids, f"fixture edits unknown cells: {set(edits) - ids}"
+    targets = {k.removeprefix(ADDED) for k in edits}
+    assert targets <= ids, f"fixture edits unknown cells: {targets - ids}"
     nb.cells = [c for c in nb.cells if not (grade_id(c) in edits and edits[grade_id(c)] is None)]
     for cell in nb.cells:
         if edits.get(grade_id(cell)) is not None:
             cell.source = edits[grade_id(cell)]
+    cells = []
+    for cell in nb.cells:
+        added = edits.get(ADDED + str(grade_id(cell)))
+        if added is not None:
+            cells.append(nbformat.v4.new_code_cell(added))  # no nbgrader metadata, as JupyterLab adds it
+        cells.append(cell)
+    nb.cells = cells
     return nb
 
 
