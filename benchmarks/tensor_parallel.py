@@ -21,8 +21,12 @@ tokens must be the same either way.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 try:
@@ -31,6 +35,7 @@ except ImportError:  # run as a script: python benchmarks/tensor_parallel.py
     import common  # type: ignore[no-redef]
 
 SIZES = (1, 2)
+TRACE_ENV = "MINENGINE_TP_TRACE"  # minengine.models.tensor_parallel.TRACE_ENV (not imported: no torch yet)
 
 
 def _all_reduce_rank(rank: int, port: int, sizes: list[int], rounds: int, out: Any) -> None:
@@ -101,6 +106,43 @@ def _phases(records: list[Any], batch: int, prompt_len: int) -> dict[str, list[A
     return {"decode": decode, "prefill": prefill}
 
 
+def trace_table(trace_dir: str, hidden: int) -> dict[str, dict[str, float]]:
+    """Split rank 0's time in each all-reduce into waiting for rank 1 to arrive and what follows once both
+    have (gloo's work, and waking each rank's threads), from both ranks' entry and exit times (the
+    engine's trace: ``MINENGINE_TP_TRACE``). Per message size; medians in microseconds."""
+    ranks = [json.loads(Path(trace_dir, f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]), "the ranks traced different numbers of all-reduces"
+    by_size: dict[int, list[tuple[list[float], list[float]]]] = {}
+    for zero, one in zip(*ranks, strict=True):
+        by_size.setdefault(int(zero[2]), []).append((zero, one))
+    out, rows = {}, []
+    for elements, calls in sorted(by_size.items()):
+        inside = [z[1] - z[0] for z, _ in calls]
+        waiting = [max(0.0, o[0] - z[0]) for z, o in calls]  # rank 1 arrived after rank 0 by this much
+        after = [z[1] - max(z[0], o[0]) for z, o in calls]
+        name = f"{elements // hidden}"
+        out[name] = {"calls": len(calls), "bytes": 4 * elements, "inside_us": 1e6 * statistics.median(inside),
+                     "inside_mean_us": 1e6 * statistics.fmean(inside),
+                     "waiting_us": 1e6 * statistics.fmean(waiting),
+                     "after_both_arrived_us": 1e6 * statistics.median(after),
+                     "after_both_arrived_mean_us": 1e6 * statistics.fmean(after),
+                     "p90_inside_us": 1e6 * sorted(inside)[int(0.9 * len(inside))],
+                     "p99_inside_us": 1e6 * sorted(inside)[int(0.99 * len(inside))],
+                     # the tail: calls over 2 ms, as a share of the calls and of the time in all-reduces
+                     "over_2ms_calls": sum(t > 2e-3 for t in inside) / len(inside),
+                     "over_2ms_time": sum(t for t in inside if t > 2e-3) / sum(inside)}
+        c = out[name]
+        rows.append((name, f"{len(calls):,}", f"{4 * elements / 1024:,.1f} KiB",
+                     f"{c['inside_mean_us']:.0f} ({c['inside_us']:.0f}, {c['p90_inside_us']:.0f}, "
+                     f"{c['p99_inside_us']:.0f})", f"{c['waiting_us']:.0f}",
+                     f"{c['after_both_arrived_mean_us']:.0f} ({c['after_both_arrived_us']:.0f})",
+                     f"{100 * c['over_2ms_calls']:.0f} % / {100 * c['over_2ms_time']:.0f} %"))
+    print("rank 0's all-reduces, from both ranks' traces: mean us (median, p90, p99); inside = wait + after")
+    print(common.md_table(["rows per call", "calls", "bytes", "inside", "waiting for rank 1",
+                           "after both arrived", "calls over 2 ms / their time"], rows))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -118,6 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     threads, threads_before = args.threads, torch.get_num_threads()
     torch.set_num_threads(threads)
     print(common.machine_line())
+    trace_dir = tempfile.mkdtemp(prefix="minengine-tp-trace-") if args.trace else None
+    if trace_dir:
+        os.environ[TRACE_ENV] = trace_dir  # both ranks inherit it: rank 1 is spawned after this
     engines: dict[int, Any] = {}
     for size in SIZES:
         torch.set_num_threads(threads)
@@ -146,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for llm in engines.values():
             llm.close()
         torch.set_num_threads(threads_before)
+        os.environ.pop(TRACE_ENV, None)
 
     def ms(xs: list[float]) -> float:
         return 1e3 * statistics.median(xs) if xs else float("nan")
@@ -195,7 +241,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"bandwidth {bandwidth / 1e9:.2f} GB/s (fit over {len(raw)} sizes)")
     print(common.md_table(["step", "bytes per call", "gloo alone", "in the engine", "predicted ms per step",
                            "measured ms per step", "measured / predicted"], rows))
-    data = {"args": vars(args), "summary": summary, "walls": {f"{s}x{b}": w for (s, b), w in walls.items()},
+    waits = trace_table(trace_dir, hidden) if trace_dir else None
+    data = {"args": vars(args), "summary": summary, "trace": waits,
+            "walls": {f"{s}x{b}": w for (s, b), w in walls.items()},
             "identical": same, "gloo_alone_s": raw, "gloo_fit": {"latency_s": latency,
                                                                 "bandwidth_bytes_per_s": bandwidth}}
     common.save_json(args.json, data)
@@ -213,6 +261,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     parser.add_argument("--smoke", action="store_true", help="llama-tiny, one round, short prompts")
+    parser.add_argument("--trace", action="store_true",
+                        help="also split each all-reduce into waiting for the other rank and the rest")
     args = parser.parse_args(argv)
     if args.smoke:
         args.shape, args.rounds, args.prompt_len, args.max_tokens = "llama-tiny", 1, 32, 8

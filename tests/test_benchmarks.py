@@ -7,6 +7,8 @@ are built under a temporary folder, not ``benchmarks/out``.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -458,9 +460,17 @@ def test_tensor_parallel_smoke_gives_the_same_tokens_and_times_the_all_reduces()
     from benchmarks import tensor_parallel
 
     threads = torch.get_num_threads()
-    r = tensor_parallel.main(["--smoke"])
+    r = tensor_parallel.main(["--smoke", "--trace"])
     assert torch.get_num_threads() == threads  # the engines gave the process its threads back
     assert r["identical"]
+    assert "MINENGINE_TP_TRACE" not in os.environ
+    # Both ranks traced the same calls (rows per call: 1 and 8 for the decodes); each call's time splits
+    # exactly into waiting for the other rank and the rest.
+    assert {"1", "8"} <= set(r["trace"])
+    for split in r["trace"].values():
+        assert split["calls"] > 0 and split["waiting_us"] >= 0 and split["after_both_arrived_mean_us"] > 0
+        parts = split["waiting_us"] + split["after_both_arrived_mean_us"]
+        assert math.isclose(split["inside_mean_us"], parts, rel_tol=1e-6)
     assert set(r["summary"]) == {"decode batch 1", "prefill batch 1", "decode batch 8", "prefill batch 8"}
     for cell in r["summary"].values():
         assert cell["tp1"]["steps"] > 0 and cell["tp2"]["steps"] > 0

@@ -61,7 +61,7 @@ class TensorParallelRanks:
         self.pipes = pipes
         self.closed = False
         # ``del engine`` without close(): still stop the ranks and leave the process group
-        self._finalizer = weakref.finalize(self, _stop, processes, pipes, threads_before)
+        self._finalizer = weakref.finalize(self, _stop, processes, pipes, threads_before, group)
 
     @classmethod
     def start(cls, model: torch.nn.Module, config: EngineConfig,
@@ -149,7 +149,7 @@ def _expect(rank: int, process: Any, pipe: multiprocessing.connection.Connection
 
 
 def _stop(processes: list[Any], pipes: list[multiprocessing.connection.Connection],
-          threads_before: int) -> None:
+          threads_before: int, group: TensorParallelGroup | None = None) -> None:
     for pipe in pipes:
         try:
             pipe.send(None)
@@ -162,5 +162,7 @@ def _stop(processes: list[Any], pipes: list[multiprocessing.connection.Connectio
             process.join(timeout=5)
     for pipe in pipes:
         pipe.close()
+    if group is not None:
+        group.save_trace()
     TensorParallelGroup.destroy()
     torch.set_num_threads(threads_before)

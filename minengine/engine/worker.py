@@ -405,4 +405,5 @@ def run_tensor_parallel_rank(rank: int, world: int, port: int, threads: int, loc
             runner.forward_hidden(runner.model_input(step))
     finally:
         worker.close()
+        group.save_trace()
         TensorParallelGroup.destroy()

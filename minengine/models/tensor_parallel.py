@@ -20,32 +20,50 @@ makes them all-reduce their output (``llama.py``). A row-parallel layer's bias i
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from minengine.models.config import ModelConfig
 
+TRACE_ENV = "MINENGINE_TP_TRACE"  # a folder: each rank writes rank<N>.json there when it leaves the group
+
 
 class TensorParallelGroup:
     """This process's rank in the group, and the all-reduce the row-parallel layers call.
 
     It times every all-reduce (``seconds``, ``calls``), so each step's record shows what joining the ranks
-    cost. On a CPU the time includes waiting for the slowest rank to reach the same layer."""
+    cost. On a CPU the time includes waiting for the slowest rank to reach the same layer. With
+    :data:`TRACE_ENV` set, every rank also keeps each call's entry and exit time (``time.perf_counter``, one
+    clock for all processes of a machine) and writes them out on leaving (:meth:`save_trace`), which
+    separates waiting for the other rank from the all-reduce itself (``benchmarks/tensor_parallel.py
+    --trace``)."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self.seconds = 0.0
         self.calls = 0
+        self.trace_dir = os.environ.get(TRACE_ENV) or None
+        self.trace: list[tuple[float, float, int]] = []  # (entry, exit, elements) of every call
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place, and return it."""
         start = time.perf_counter()
         dist.all_reduce(x)
-        self.seconds += time.perf_counter() - start
+        end = time.perf_counter()
+        self.seconds += end - start
         self.calls += 1
+        if self.trace_dir:
+            self.trace.append((start, end, x.numel()))
         return x
+
+    def save_trace(self) -> None:
+        if self.trace_dir:
+            Path(self.trace_dir, f"rank{self.rank}.json").write_text(json.dumps(self.trace))
 
     def take_timings(self) -> tuple[float, int]:
         """(seconds, calls) since the last take: one step's all-reduces."""
