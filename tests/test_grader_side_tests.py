@@ -149,6 +149,11 @@ def test_modules_of_the_students_making_and_unreadable_magics_are_not_their_own(
     assert reference_findings(written)["f"] == ["import helper.f"]  # the grader cannot read helper.py
     assert policy_findings(written)["f"] == ["import helper.f"]
     assert reference_findings(["%run helper.py\n", "def f(c):\n    return c\n"])["f"] == ["the magic %run"]
+    in_a_function = ["def setup():\n    %run helper.py\n", "def f(c):\n    return c\n"]
+    assert reference_findings(in_a_function)["f"] == ["the magic %run"]  # calling setup() runs it
+    timeit_setup = ["%%timeit from minengine import kvcalc as calc\npass\n",
+                    "def f(c):\n    return calc.x(c)\n"]
+    assert "import minengine.kvcalc" in reference_findings(timeit_setup)["f"]  # %%timeit's line runs too
     harmless = ["%matplotlib inline\n%load_ext autoreload\n%autoreload 2\nimport numpy as np\nfiles = !ls\n",
                 "def f(c):\n    return np.sum(c)\n", "%timeit f([1, 2])\n"]
     assert reference_findings(harmless)["f"] == []

@@ -232,9 +232,11 @@ class _ReadMagics(ast.NodeTransformer):
         magic = self._magic(value)
         if magic is None or magic[0] not in CODE_MAGICS:
             return self.generic_visit(node)
-        name, args = magic
-        code = args[-1] if len(args) == 2 else args[0] if args else ""  # a cell magic's body, a line's code
-        run = [self.visit(stmt) for stmt in _python_of(code)]
+        run: list[ast.stmt] = []
+        for code in magic[1]:  # a line magic's line; a cell magic's line (%%timeit's setup) and body
+            for stmt in _python_of(code):
+                read = self.visit(stmt)
+                run += read if isinstance(read, list) else [read] if read is not None else []
         if isinstance(node, ast.Expr):
             return run or ast.Pass()
         node.value = ast.Constant(None)
@@ -264,7 +266,10 @@ def _student_tree(source: str) -> ast.Module | None:
         tree = ast.parse(TransformerManager().transform_cell(source))
     except SyntaxError:
         return None
-    return ast.fix_missing_locations(_ReadMagics().visit(tree))
+    try:
+        return ast.fix_missing_locations(_ReadMagics().visit(tree))
+    except Exception:  # noqa: BLE001 - a cell this reading cannot follow counts as hidden code
+        return ast.Module([ast.Expr(ast.Name(MAGIC_NAME + "unreadable_cell", ast.Load()))], [])
 
 
 def student_code(cells: Iterable[Any]) -> list[str]:
@@ -298,9 +303,12 @@ def _flagged_import(module: str) -> bool:
 
 
 def _binds_globals(finding: str, top_level: bool) -> bool:
-    """Whether a finding (:func:`reference_findings`' words) can bind any of the kernel's names: a magic or
-    a binding name at a cell's top level; anywhere, a way to the kernel's globals (once a function runs)."""
-    if top_level and (finding.startswith("the magic %") or finding.strip("'") in BINDING_NAMES):
+    """Whether a finding (:func:`reference_findings`' words) can bind any of the kernel's names: a binding
+    name at a cell's top level; anywhere, a magic that runs unread code or a way to the kernel's globals
+    (once a function runs)."""
+    if finding.startswith("the magic %"):  # runs code unseen in the kernel's namespace, wherever it is
+        return True
+    if top_level and finding.strip("'") in BINDING_NAMES:
         return True
     if finding.startswith("import "):
         return finding.removeprefix("import ").split(".")[0] in GLOBAL_BINDER_MODULES
@@ -331,7 +339,10 @@ def _globals_read(stmt: ast.AST) -> set[str]:
     if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     names: set[str] = set()
-    tables = [symtable.symtable(ast.unparse(ast.Module([stmt], [])), "<answer>", "exec")]
+    try:
+        tables = [symtable.symtable(ast.unparse(ast.Module([stmt], [])), "<answer>", "exec")]
+    except SyntaxError:  # Python would not run it either; read every name in it
+        return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
     while tables:
         table = tables.pop()
         names |= {sym.get_name() for sym in table.get_symbols()
