@@ -20,7 +20,8 @@ from minengine.core.policies import DecodeFirstPolicy
 from minengine.course import policy_bridge as pb
 from minengine.course import policy_harness as ph
 from minengine.course import policy_scoring as ps
-from minengine.course.grader_side_tests import MARKER, policy_findings, run_test_cell
+from minengine.course.grader_side_tests import MARKER, run_test_cell
+from minengine.course.own_code import policy_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

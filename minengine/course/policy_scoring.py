@@ -208,7 +208,7 @@ def grading_helper_calls(policy_cls: Any) -> list[str]:
 def require_own_policy(policy_cls: Any, part: str) -> None:
     """Fail a policy that calls grading helpers or the simulator. In the grader the class is in the
     student's kernel, so what its answer cell's source reaches is read instead
-    (``grader_side_tests.policy_findings``)."""
+    (``own_code.policy_findings``)."""
     found = getattr(policy_cls, "grader_findings", None)
     if found is None:
         found = grading_helper_calls(policy_cls)
