@@ -177,6 +177,83 @@ def test_an_answer_over_async_llm_is_its_own() -> None:
     assert sg.forbidden_imports(source) == []
 
 
+@pytest.mark.parametrize(("source", "says"), [
+    ("def build_app(llm, name):\n    llm.engine.get_num_unfinished_requests = lambda: 0\n",
+     "changes llm.engine.get_num_unfinished_requests"),
+    ("def build_app(llm, name):\n    engine = llm.engine\n    bm = engine.scheduler.block_manager\n"
+     "    type(bm).num_used_blocks = property(lambda self: 0)\n", "changes type(bm).num_used_blocks"),
+    ("from minengine.engine.llm_engine import LLMEngine as E\nE.get_num_unfinished_requests = len\n",
+     "changes E.get_num_unfinished_requests"),
+    ("import minengine.core.block_manager\ndel minengine.core.block_manager.BlockManager.free\n",
+     "changes minengine.core.block_manager.BlockManager.free"),
+    ("def build_app(llm, name):\n    (records := llm.engine.request_records).append(None)\n",
+     "request_records) in place (append)"),
+    ("def build_app(llm, name):\n    llm.engine.scheduler.requests.clear()\n",
+     "changes llm.engine.scheduler.requests in place (clear)"),
+    ("def build_app(llm, name):\n    llm.engine.scheduler.requests['x'] = None\n",
+     "changes llm.engine.scheduler.requests['x']"),
+    ("def build_app(llm, name):\n    setattr(llm, 'eng' + 'ine', None)\n", "uses setattr"),
+    ("import sys\nsys.modules['__main__'].GraderApp = None\n", "uses sys.modules"),
+    ("import gc\n", "imports gc"),
+    ("from importlib import import_module\n", "imports importlib"),
+    ("def f():\n    return eval('1')\n", "uses eval"),
+    ("import asyncio\nfor t in asyncio.all_tasks():\n    pass\n", "uses asyncio.all_tasks"),
+])
+def test_an_answer_that_rewrites_the_engine_or_reaches_past_it_is_found(source: str, says: str) -> None:
+    assert any(says in f for f in sg.engine_tampering(source)), sg.engine_tampering(source)
+
+
+def test_an_answer_that_only_calls_the_engine_is_left_alone() -> None:
+    """The planted test server and the lab's own solution read llm.engine (tokenizer, config) and keep
+    objects of their own (an app, a task set, SamplingParams they fill in)."""
+    import json
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "labs" / "lab3_streaming_server"
+                     / "lab3_streaming_server.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "answer_server"]
+    solution = "\n".join(ln for ln in "".join(cell["source"]).splitlines()[1:] if "### " not in ln)
+    assert sg.engine_tampering(solution.replace("@@kv_blocks_per_request@@", "40")) == []
+    assert sg.engine_tampering(PLANTED) == []
+    own = ("from minengine import SamplingParams\n\ndef build_app(llm, name):\n"
+           "    params = SamplingParams(max_tokens=4)\n    params.max_tokens = 8\n    tasks = set()\n"
+           "    tasks.add(llm.generate)\n    tok = llm.engine.tokenizer\n    return tok.decode([1])\n")
+    assert sg.engine_tampering(own) == []
+
+
+def test_the_grader_reads_the_engine_it_was_given_whatever_the_answer_replaces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewrite that slipped past the source reading (here done by the test itself) changes what the
+    engine answers to its own methods, not what GraderApp reports: it took its probes, and the engine's
+    own objects, before the answer ran."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import httpx
+
+    from minengine import SamplingParams
+    from minengine.engine.llm_engine import LLMEngine
+
+    llm = SimpleNamespace(engine=LLMEngine(model=sg.TINY))  # what GraderApp reads of an AsyncLLM
+    try:
+        grader = sg.GraderApp(llm, {"delay": 0.0}, sg.EngineProbes.take())
+        llm.engine.add_request("r1", "Once upon a time", SamplingParams(max_tokens=8))
+        llm.engine.step()  # the prompt's blocks are allocated
+        monkeypatch.setattr(llm.engine, "get_num_unfinished_requests", lambda: 0)
+        manager = type(llm.engine.scheduler.block_manager)
+        monkeypatch.setattr(manager, "num_used_blocks", property(lambda s: 0))
+        assert llm.engine.get_num_unfinished_requests() == 0  # the rewrite took
+
+        async def state() -> dict:
+            transport = httpx.ASGITransport(app=grader)
+            async with httpx.AsyncClient(transport=transport, base_url="http://grader") as client:
+                return (await client.get("/__grader__/state")).json()
+
+        seen = asyncio.run(state())
+        assert seen["unfinished"] == 1 and seen["used_blocks"] >= 1, seen
+    finally:
+        llm.engine.close()
+
+
 # ----------------------------------------------------------------------------- the reference passes
 def test_the_reference_server_passes_every_check_against_itself(reference: sg.ServerProcess) -> None:
     sc.check_completions(reference, reference, ["Once upon a time"], max_tokens=12)

@@ -30,7 +30,6 @@ client is given an ``http://127.0.0.1`` URL and never the grader's control route
 from __future__ import annotations
 
 import argparse
-import ast
 import atexit
 import contextlib
 import hashlib
@@ -51,12 +50,14 @@ from typing import Any
 
 import httpx
 
+from minengine.course.server_source import FORBIDDEN, engine_tampering, forbidden_imports
+
 TINY, SMOL = "tinystories-4m", "smollm2-135m"
 STARTUP_LIMIT_S = 45.0  # from launch: python + torch + the models, on a busy 2-core machine
 LIFETIME_S = 900.0  # a runner never outlives this, even if nobody stops it
-# What an answer may not use: the reference server and what wraps it, and the course's grading code.
-FORBIDDEN = ("minengine.server", "minengine.cli", "minengine.bench", "minengine.course")
-ALLOWED = ("minengine.course", "minengine.course.server_grader")  # the runner itself
+# The runner's own modules, which the check of the answer's loaded modules allows (its source may not
+# import them: server_source.forbidden_imports).
+ALLOWED = ("minengine.course", "minengine.course.server_grader", "minengine.course.server_source")
 # Packages of minengine that a sandboxed answer does not even see (empty folders in its sandbox).
 HIDDEN_PACKAGES = ("server", "cli", "bench")
 
@@ -68,27 +69,6 @@ def public_socket_name(model: str) -> str:
 
 class ServerProblem(AssertionError):
     """The learner's server cannot be graded (it did not start, hung, or uses the reference)."""
-
-
-def forbidden_imports(source: str) -> list[str]:
-    """Modules an answer's source imports (or names in strings) that are not allowed; [] when clean."""
-    found: set[str] = set()
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []  # the runner reports the syntax error itself
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names = [w for w in node.value.replace("/", ".").split() if w.startswith("minengine.")]
-        elif isinstance(node, ast.Name) and node.id in ("__import__", "importlib", "import_module"):
-            found.add(node.id)
-        found.update(n for n in names if n.startswith(FORBIDDEN) and n not in ALLOWED)
-    return sorted(found)
 
 
 # ------------------------------------------------------------------------------------------ kernel side
@@ -227,15 +207,23 @@ class ServerProcess:
         return r.json()
 
     def check_own_code(self, model: str = TINY) -> None:
-        """ServerProblem if the answer's source or its running process reached for the reference."""
+        """ServerProblem if the answer's source or its running process reached for the reference, or its
+        source rewrites the engine whose state the checks read (``server_source``)."""
         if self.app_file is None:
             return
-        found = forbidden_imports(self.app_file.read_text())
+        source = self.app_file.read_text()
+        found = forbidden_imports(source)
         found += [m for m in self.control("state", model)["forbidden"] if m not in found]
         if found:
             raise ServerProblem(f"{self.label} uses minengine's reference server or grading code "
                                 f"({', '.join(found[:4])}). The point of the lab is to write the endpoints "
                                 "yourself over AsyncLLM: remove that import.")
+        tampering = engine_tampering(source)
+        if tampering:
+            raise ServerProblem(f"{self.label} changes the engine or reaches objects it was not given "
+                                f"({'; '.join(tampering[:3])}). The grader reads the engine's own state to "
+                                "check your server: call llm (generate, abort, its tokenizer and config), "
+                                "never change it.")
 
     def stop(self) -> None:
         """SIGTERM the whole process group, SIGKILL it if it lingers, and reap it (frees its ports)."""
@@ -443,11 +431,35 @@ def serve_relay(socket_path: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------ runner side
-class GraderApp:
-    """ASGI wrapper: ``/__grader__/{state,records,delay}`` answered here, everything else by the app."""
+@dataclass(frozen=True)
+class EngineProbes:
+    """The functions the grader reads an engine's state with, taken before the answer is imported: an
+    answer that later replaces a method or a property on its engine or on minengine's classes changes
+    what its engine does, not what the grader sees (``server_source`` refuses such code as well)."""
 
-    def __init__(self, app: Any, llm: Any, control: dict[str, float]) -> None:
-        self.app, self.llm, self.control = app, llm, control
+    unfinished: Callable[[Any], int]
+    used_blocks: Callable[[Any], int]
+
+    @classmethod
+    def take(cls) -> EngineProbes:
+        from minengine.core.block_manager import BlockManager
+        from minengine.engine.llm_engine import LLMEngine
+
+        return cls(LLMEngine.get_num_unfinished_requests, BlockManager.num_used_blocks.fget)
+
+
+class GraderApp:
+    """ASGI wrapper: ``/__grader__/{state,records,delay}`` answered here, everything else by the app.
+    Made before the answer's ``build_app`` runs, so it holds the engine's own objects as they were
+    (``app`` is set once ``build_app`` returns)."""
+
+    def __init__(self, llm: Any, control: dict[str, float], probes: EngineProbes) -> None:
+        self.app: Any = None
+        self.control, self.probes = control, probes
+        self.engine = llm.engine
+        self.block_manager = self.engine.scheduler.block_manager
+        self.records = self.engine.request_records
+        self.block_size = self.engine.config.block_size
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/__grader__/"):
@@ -456,7 +468,7 @@ class GraderApp:
         from urllib.parse import parse_qs
 
         query = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
-        engine, what = self.llm.engine, scope["path"].rsplit("/", 1)[-1]
+        what = scope["path"].rsplit("/", 1)[-1]
         if what == "delay":
             self.control["delay"] = float(query.get("seconds", 0))
             body: Any = {"delay": self.control["delay"]}
@@ -464,12 +476,12 @@ class GraderApp:
             body = [{"request_id": r.request_id, "arrival_time": r.arrival_time, "token_times": r.token_times,
                      "num_prompt_tokens": r.num_prompt_tokens, "num_output_tokens": r.num_output_tokens,
                      "finish_reason": r.finish_reason}
-                    for r in list(engine.request_records)[-int(query.get("last", 50)):]]
+                    for r in list(self.records)[-int(query.get("last", 50)):]]
         else:
-            body = {"unfinished": engine.get_num_unfinished_requests(),
-                    "used_blocks": engine.scheduler.block_manager.num_used_blocks,
-                    "block_size": engine.config.block_size,
-                    "finished": len(engine.request_records), "delay": self.control["delay"],
+            body = {"unfinished": self.probes.unfinished(self.engine),
+                    "used_blocks": self.probes.used_blocks(self.block_manager),
+                    "block_size": self.block_size,
+                    "finished": len(self.records), "delay": self.control["delay"],
                     "forbidden": sorted(m for m in sys.modules
                                         if m.startswith(FORBIDDEN) and m not in ALLOWED)}
         data = json.dumps(body).encode()
@@ -528,6 +540,7 @@ def run(args: argparse.Namespace) -> None:
 
         torch.set_num_threads(1)  # two servers and a kernel share two cores
         first_llm = AsyncLLM(model=args.model[0])
+        probes = EngineProbes.take()  # before the answer's code runs
         if args.reference:
             from minengine.server import create_app
 
@@ -560,6 +573,7 @@ def run(args: argparse.Namespace) -> None:
             llm = first_llm if i == 0 else await asyncio.to_thread(AsyncLLM, model=name)
             control = {"delay": 0.0}
             _slow_down(llm, control)
+            grader = GraderApp(llm, control, probes)  # before build_app: it holds the engine as it is now
             try:
                 app = build_app(llm, name)
             except Exception as e:
@@ -569,7 +583,8 @@ def run(args: argparse.Namespace) -> None:
             if args.public:  # the bare app, for the learner's client (through the kernel's relay)
                 await start_server(app, name, Path(args.public) / public_socket_name(name))
             # "ports" holds a TCP port, or on Unix sockets the socket's path
-            status["ports"][name] = await start_server(GraderApp(app, llm, control), name,
+            grader.app = app
+            status["ports"][name] = await start_server(grader, name,
                                                        Path(args.uds) / f"{name}.sock" if args.uds else None)
             status["stage"] = "serving"
             _write_status(status_path, status)
