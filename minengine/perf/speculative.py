@@ -9,8 +9,9 @@ than the tokens it wins: speculation turns into a slowdown.
 Accepted drafts: when each draft is accepted with probability ``alpha``, independently, a verify step
 yields ``1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)`` tokens on average (Leviathan et
 al., 2023, eq. 1): the accepted run, plus the target's own token at the first rejection (or the bonus).
-Real acceptance is not independent (it comes in runs on repeated text), so read ``alpha`` as the rate
-that gives the measured mean accepted length.
+Real acceptance need not be independent, so read ``alpha`` as the rate that gives the measured mean
+accepted length (not the share of drafts kept, which is lower: drafts after the first miss are dropped).
+Lesson 10 compares the model with the engine's steps.
 
 Torch-free, for the lessons' GPU-scale what-ifs; the engine's own verify steps are measured, not modelled.
 """

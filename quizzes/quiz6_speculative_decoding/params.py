@@ -116,7 +116,7 @@ def _verify_outcome(rng: random.Random) -> dict:
 
 
 def _lost_gain(rng: random.Random) -> dict:
-    """Q5: a 1.7x gain at batch 1 shrinks to almost nothing; whether the batch grew, the workload changed
+    """Q5: a 1.7x gain at batch 1 is gone; whether the batch grew, the workload changed
     or a draft model's own time was added, the seed decides."""
     kind = rng.choice(["batch", "workload", "drafter"])
     change = {
@@ -131,12 +131,12 @@ def _lost_gain(rng: random.Random) -> dict:
                   "almost all of it. A batch of 200 already computes 200 rows per weight read, near an "
                   "H100's ridge of a few hundred FLOP per byte in bf16 (lesson 02), so the k + 1 rows per "
                   "sequence of a verify step are real arithmetic: lesson 10's roofline puts such a step at "
-                  "about 2.1 to 2.4 plain steps at batch 200 with k = 3, about as much as the tokens it "
-                  "yields at a middling acceptance. The text is the same code edits, so the drafts are kept "
-                  "as often as before: acceptance belongs to the workload, not to the batch size, and the "
-                  "batch is verified together, each sequence against its own drafts. The lookup still costs "
-                  "almost nothing. The published measurement in lesson 10 shows the same shape: 1.73x at "
-                  "batch 1, 1.21x at batch 128."),
+                  "about 2.1 plain steps at batch 200 with k = 3 (2.5 with k = 4), more than the ~1.7 tokens"
+                  " a step yielded at batch 1: the gain is gone, and speculation now costs. The text is the "
+                  "same code edits, so the drafts are kept as often as before: acceptance belongs to the "
+                  "workload, not to the batch size, and the batch is verified together, each sequence "
+                  "against its own drafts. The lookup still costs almost nothing. The published measurement "
+                  "in lesson 10 shows the same shape: 1.73x at batch 1, 1.21x at batch 128."),
         "workload": ("Prompt lookup proposes a draft only where the last few tokens occurred earlier in the "
                      "sequence, and guesses that what followed them there follows again. A code edit copies "
                      "most of its input, so drafts are found and kept in long runs; an open-ended chat "
@@ -181,7 +181,7 @@ def _exact_output(rng: random.Random) -> dict:
                     "that token. Each token then follows the model's distribution exactly (Leviathan et al., "
                     "2023; the project's tests check it with a chi-square test), but the random numbers are "
                     "used differently than in plain sampling, so even with the same seed the two answers "
-                    "differ token for token (lesson 10, What to try). A draft never overrides the model's "
+                    "usually differ (lesson 10, What to try). A draft never overrides the model's "
                     "choice, so the prompt's wording does not creep in, and a rejection leaves no trace: "
                     "the answers differ because both are samples, not because drafts were rejected."),
     }[kind]
@@ -243,7 +243,7 @@ def _longer_drafts(rng: random.Random) -> dict:
 
 # Q9: a verify step of k = 4 against a plain decode step, priced by lesson 10's roofline
 # (minengine.perf.speculative.estimate, Llama-3.1-8B on an H100 SXM, 576 tokens of context):
-# batch 1: 6.59 ms against 6.60 ms; batch 256: 14.4 ms against 40.8 ms
+# batch 1: a plain step 6.59 ms, the verify step 6.60 ms; batch 256: plain 14.4 ms, verify 40.8 ms
 Q9_SIM_RATIO = {1: 1.00, 256: 2.8}
 
 
@@ -262,13 +262,15 @@ def _verify_cost(rng: random.Random) -> dict:
     }[kind]
     why = {
         "cpu": ("The roofline describes the work, and the work of 4 rows next to one weight read is small, "
-                "so it predicts about one plain step; the measurement says more. The engine runs a chunk of "
-                "k + 1 query tokens through the general chunked-prefill path, slower per token at this size "
-                "than the kernel written for one query token per sequence, and it computes k + 1 rows of "
-                "the LM head (49,152 columns each for SmolLM2) instead of one. GPU engines meet the same "
-                "issue as a separate kernel or CUDA graph for verify steps. A CPU decode at batch 1 is bound "
-                "by memory bandwidth like a GPU's (lesson 01 measures it), far below the ridge, and the "
-                "weights are read once per step, not once per draft."),
+                "so it predicts about one plain step; the measurement says more. The kernels differ: a "
+                "decode's one row per projection runs the kernel the engine timed fastest for one row (its "
+                "own GEMV on the course's machines), while k + 1 rows go to a matrix-matrix kernel (oneDNN "
+                "or MKL), and the LM head computes k + 1 rows (49,152 columns each for SmolLM2) instead of "
+                "one; the step also finds and checks the drafts. Attention is not it: the engine attends a "
+                "short verify chunk with the same paged kernel as a decode (lesson 10, section 2). GPU "
+                "engines meet the same issue as a separate kernel or CUDA graph for verify steps. A CPU "
+                "decode at batch 1 is bound by memory bandwidth like a GPU's (lesson 01 measures it), far "
+                "below the ridge, and the weights are read once per step, not once per draft."),
         "read": ("At batch 1 the step streams the 16 GB of weights (about 4.8 ms at 3.35 TB/s) and computes "
                  "five rows instead of one: 2 x 8 billion x 5 = 80 GFLOP, about 0.08 ms at 989 TFLOP/s, "
                  "which fits inside the weight read. So the step costs about one plain step. Batch 1 is far "
@@ -276,12 +278,13 @@ def _verify_cost(rng: random.Random) -> dict:
                  "step, not once per draft (that would cost five steps); and the roofline prices the work, "
                  "not an engine's code path, which is what makes lesson 10's CPU verify steps dearer."),
         "ridge": ("A plain step of batch 256 already computes 256 rows per weight read, near the H100's "
-                  "ridge (about 295 FLOP/byte in bf16, lesson 02). A verify step with k = 4 computes 5 x 256 "
-                  "= 1,280 rows, far past it: its arithmetic, about 2 x 8 billion x 1,280 = 20 TFLOP (about "
-                  "21 ms at 989 TFLOP/s), now sets its time, so every extra row costs time (14.4 ms against "
-                  "40.8 ms on the simulator). Not five steps: the weights and the KV cache are still read "
-                  "once per step, not once per draft. A GPU at batch 1 would absorb the rows in the weight "
-                  "read, and the roofline prices the work, not an engine's code path."),
+                  "ridge (about 295 FLOP/byte in bf16, lesson 02). A verify step with k = 4 computes 5 x 256"
+                  " = 1,280 rows, far past it: its arithmetic, about 2 x 8 billion x 1,280 = 20 TFLOP (about"
+                  " 21 ms at 989 TFLOP/s), now sets its time, so every extra row costs time (a plain step "
+                  "14.4 ms, the verify step 40.8 ms, on the simulator). Not five steps: the weights and the "
+                  "KV cache are still read once per step, not once per draft. A GPU at batch 1 would absorb "
+                  "the rows in the weight read, and the roofline prices the work, not an engine's code "
+                  "path."),
     }[kind]
     return {"q9_case": case, **_marks("q9", ("cpu", "read", "ridge"), kind), "q9_why": repr(why)}
 

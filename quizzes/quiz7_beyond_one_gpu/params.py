@@ -1,6 +1,6 @@
 """Quiz 7's numbers per course seed (instructor-only: the release never contains this file).
 
-``params(seed)`` draws the sizes of the five numeric questions and computes their keys, tolerances and
+``params(seed)`` draws the sizes of the six numeric questions and computes their keys, tolerances and
 explanations, with lesson 11's formulas:
 
 - a ring all-reduce of B tokens x hidden values over t GPUs sends 2 (t - 1) / t of the message on every
@@ -61,8 +61,8 @@ def _tp_machine(rng: random.Random) -> dict:
     batch."""
     kind = rng.choice(["cpu", "nvlink", "pcie"])
     machine = {
-        "cpu": "from TP = 1 to TP = 2 on one laptop CPU, as two processes (gloo), at batch 1",
-        "nvlink": "from TP = 1 to TP = 2 on two H100 SXM GPUs joined by NVLink, at batch 1",
+        "cpu": "a small model, from TP = 1 to TP = 2 on one 2-core CPU, as two processes (gloo), at batch 1",
+        "nvlink": "Llama-2-70B in bf16, from TP = 2 to TP = 4 on H100 SXM GPUs joined by NVLink, at batch 1",
         "pcie": ("from TP = 4 to TP = 8 on eight H100 PCIe cards with no NVLink (PCIe Gen5 between them), "
                  "at a batch of 512"),
     }[kind]
@@ -70,13 +70,15 @@ def _tp_machine(rng: random.Random) -> dict:
         "cpu": ("On one CPU both ranks read from the same memory through the same cores that one process "
                 "used, so splitting the weights splits no bandwidth: the weight read takes as long as "
                 "before. On top, the ranks meet twice per layer in an all-reduce that crosses processes "
-                "through the operating system, far slower than the tiny step's matmuls. Lesson 11 measures "
-                "such a step at several times the TP = 1 one, with the same tokens."),
+                "through the operating system, far slower than the tiny step's matmuls. No faster, usually "
+                "slower: on a 2-core AMD EPYC the course measured a 100M model's batch-1 step at 2.7x the "
+                "TP = 1 one, with the same tokens (benchmarks/RESULTS.md, tensor parallelism)."),
         "nvlink": ("Each GPU reads its half of the weights from its own memory at full bandwidth, so the "
                    "bandwidth-bound step's weight read halves. What does not halve is small: the 2 x layers "
                    "all-reduces, each about its fixed ~10 us at one token's message, and the per-step "
-                   "overhead. Lesson 11's cost model gives a 70B's batch-1 step 1.9x faster at TP 2 than at "
-                   "TP 1: nearly, not quite, twice."),
+                   "overhead. Lesson 11's cost model gives Llama-2-70B's batch-1 step 29.9 ms at TP 2 and "
+                   "16.0 ms at TP 4: 1.87x, nearly, not quite, twice. (A small model gains less: an 8B's "
+                   "fixed costs are a larger share of its short step, 1.57x from TP 1 to TP 2.)"),
         "pcie": ("At batch 512 each all-reduce carries 512 tokens x hidden values, two per layer, and over "
                  "PCIe, seven times slower than NVLink, those bytes take about half of the TP 8 step "
                  "(lesson 11's curve: 52 %). The weight read still halves, but the communication that "
@@ -122,8 +124,9 @@ def _layout(rng: random.Random) -> dict:
     }[kind]
     right = {"loose": "tp4", "tight": "tp8", "cache": "tp2"}[kind]
     why = {
-        "loose": ("Two TP 4 replicas. A TP 2 replica keeps 140 GB of weights on 160 GB of memory, so its KV "
-                  "cache holds some 38 thousand tokens: small batches, queues and preemption under load. "
+        "loose": ("Two TP 4 replicas. Each GPU of a TP 2 replica holds 69 GB of weights; with 0.9 of its 80 "
+                  "GiB in use and about 2 GiB kept for activations, some 6 GB per GPU is left for KV: a "
+                  "38-thousand-token cache, so small batches, queues and preemption under load. "
                   "TP 4 leaves each GPU most of its memory for cache and a token time (~16 ms) well inside "
                   "50 ms; TP 8's single replica is fastest per token but pays the largest all-reduce share "
                   "and has half the replicas, so it serves fewer requests within the loose SLO."),
@@ -132,8 +135,9 @@ def _layout(rng: random.Random) -> dict:
                   "~9 ms leaves the most. Tight latency SLOs are bought with wider TP, even though each GPU "
                   "then spends a larger share of its step on all-reduces."),
         "cache": ("The TP 2 replicas. Each GPU holds 1/t of the 140 GB of weights and keeps the rest of its "
-                  "memory for its share of every token's K/V, so the cache grows fast with t: at 0.9 x 80 GB "
-                  "a TP 2 GPU has 2 GB left, a TP 4 one 37 GB. The narrowest split is the one that runs out "
+                  "memory for its share of every token's K/V, so the cache grows fast with t: at 0.9 x 80 "
+                  "GiB, less about 2 GiB for activations, a TP 2 GPU has some 6 GB left, a TP 4 one 41 GB. "
+                  "The narrowest split is the one that runs out "
                   "of cache first, whatever its all-reduce savings."),
     }[kind]
     return {"q4_goal": goal, **_marks("q4", ("tp2", "tp4", "tp8"), right), "q4_why": repr(why)}
@@ -253,8 +257,9 @@ def _pipeline_goal(rng: random.Random) -> dict:
                     "the time with one stream. What cuts a token's time is splitting every layer (more TP), "
                     "which reads each GPU's share of the weights at once."),
         "capacity": ("Each GPU now holds half the layers: half the weights and half of every token's K/V, "
-                     "so the memory left for cache grows and far more tokens fit (lesson 11: 256 long "
-                     "requests ran without preemption at TP 2 x PP 2, not at TP 2). With two or more "
+                     "so the memory left for cache grows and far more tokens fit (in the course's "
+                     "simulator, 256 requests of 1,024 + 256 tokens run without preemption at TP 2 x PP 2, "
+                     "not at TP 2). With two or more "
                      "streams the two stages are both kept busy, so the extra conversations cost no "
                      "bubble; a single one would not run faster."),
         "crosslink": ("Between the stages only one hidden state and residual per token cross the link at "
