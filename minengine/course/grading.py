@@ -340,8 +340,7 @@ def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignm
                 gb.update_or_create_student(s)
             for a in sorted({a for _, a in pairs}):
                 gb.update_or_create_assignment(a)
-        shares = run_in_parallel(functools.partial(_autograde_pairs, str(course_dir)), queue_order(pairs),
-                                 workers)
+        shares = run_in_parallel(functools.partial(_autograde_pairs, str(course_dir)), pairs, workers)
         failures = {k: v for share in shares for k, v in share.items()}
     else:
         failures = _autograde_pairs(course_dir, pairs, config)
@@ -349,22 +348,6 @@ def autograde(course_dir: Path = COURSE_DIR, student: str | None = None, assignm
     if failures:
         raise AutogradeFailed(graded, failures)
     return graded
-
-
-def queue_order(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The order in which parallel workers take the submissions: labs before quizzes (a lab runs the
-    engine, a simulator or servers: 8-21 s a notebook on a 2-core machine against about 1 s for a quiz, so a
-    lab taken last would keep every other worker waiting for it), and the assignments of each kind dealt
-    in turn, so that the workers grade a mix at any moment (lab 3 mostly waits on its slowed servers while
-    lab 2 computes)."""
-    by_assignment: dict[str, list[tuple[str, str]]] = {}
-    for s, a in sorted(pairs, key=lambda p: (p[1], p[0])):
-        by_assignment.setdefault(a, []).append((s, a))
-    ordered: list[tuple[str, str]] = []
-    for is_lab in (True, False):
-        groups = [g for a, g in by_assignment.items() if a.startswith("lab") == is_lab]
-        ordered += [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
-    return ordered
 
 
 def _autograde_pairs(course_dir: Path | str, pairs: list[tuple[str, str]], config: Any = None
