@@ -290,9 +290,12 @@ def _deepseek(rng: random.Random) -> dict:
                 "of weights, as a dense model of that size would: the MoE saving is gone at this batch."),
         "spread": ("With one expert per GPU, each GPU reads only its own expert's weights, for every token "
                    "routed to it: an efficient matmul at a healthy batch. What is left is moving the tokens: "
-                   "each MoE layer sends every token's hidden state to the GPUs of its 8 experts and the "
-                   "results back, about 10 MB per token per step, between servers over InfiniBand; the "
-                   "report hides it behind computation with two micro-batches in flight."),
+                   "each MoE layer sends every token's hidden state to the GPUs of its 8 routed experts (and "
+                   "the shared one) and the results back, about 10 MB per token per step, between servers "
+                   "over InfiniBand: in lesson 11's cost model, a batch of 256 takes tens of milliseconds "
+                   "of it a step against about a millisecond to read its expert. The report notes that "
+                   "attention takes a larger share of decoding's time than of prefill's, and plans to hide "
+                   "the transfers behind a second micro-batch's attention."),
     }[kind]
     return {"q11_how": how, **_marks("q11", ("alone", "few", "spread"), kind), "q11_why": repr(why)}
 
