@@ -14,6 +14,7 @@ TTFT), interleaved rounds of one streamed 16-token greedy completion on the ship
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                    for name, url in paths.items()}, rounds)
     finally:
         ref.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     rows = [{"path": name, "rounds": rounds, "median_extra_ms": 1e3 * timed[name].median} for name in paths]
     for row in rows:
         print(f"{row['path']:>18}: client TTFT - engine TTFT, median of {rounds}: "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -242,6 +243,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(common.md_table(["step", "bytes per call", "gloo alone", "in the engine", "predicted ms per step",
                            "measured ms per step", "measured / predicted"], rows))
     waits = trace_table(trace_dir, hidden) if trace_dir else None
+    if trace_dir:
+        shutil.rmtree(trace_dir, ignore_errors=True)  # waits holds what the trace was for
     data = {"args": vars(args), "summary": summary, "trace": waits,
             "walls": {f"{s}x{b}": w for (s, b), w in walls.items()},
             "identical": same, "gloo_alone_s": raw, "gloo_fit": {"latency_s": latency,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -439,7 +440,9 @@ def test_sim_speculative_smoke() -> None:
 def test_lab3_relay_smoke(tmp_path: Path) -> None:
     from benchmarks import lab3_relay
 
+    before = set(Path(tempfile.gettempdir()).glob("lab3-relay-*"))
     rows = lab3_relay.main(["--smoke", "--json", str(tmp_path / "relay.json")])
+    assert set(Path(tempfile.gettempdir()).glob("lab3-relay-*")) <= before  # its socket folder is gone
     assert [r["path"] for r in rows] == ["direct TCP", "through the relay"]
     assert all(0 < r["median_extra_ms"] < 1000 for r in rows)  # a client is never ahead of the engine
     assert (tmp_path / "relay.json").is_file()
@@ -460,7 +463,9 @@ def test_tensor_parallel_smoke_gives_the_same_tokens_and_times_the_all_reduces()
     from benchmarks import tensor_parallel
 
     threads = torch.get_num_threads()
+    before = set(Path(tempfile.gettempdir()).glob("minengine-tp-trace-*"))
     r = tensor_parallel.main(["--smoke", "--trace"])
+    assert set(Path(tempfile.gettempdir()).glob("minengine-tp-trace-*")) <= before  # read, then removed
     assert torch.get_num_threads() == threads  # the engines gave the process its threads back
     assert r["identical"]
     assert "MINENGINE_TP_TRACE" not in os.environ

@@ -93,11 +93,33 @@ def test_a_dropped_server_is_stopped_by_its_finalizer():
                            startup_timeout=30)
     server._wait_ready = lambda: None  # http.server has no /health; we only test the clean-up
     server.start()
-    pid = server.pid
-    assert server.running
+    pid, log = server.pid, server._log_path
+    assert server.running and log is not None and log.exists()
     del server
     gc.collect()
     assert gone(pid)
+    assert not log.exists()  # the log goes with the object: a notebook that restarts servers leaves no files
+
+
+def test_a_second_start_leaves_one_log_and_close_removes_it(monkeypatch):
+    launched = []
+    real_launch = ServerProcess._launch
+
+    def launch(self):
+        real_launch(self)
+        launched.append(self._log_path)
+
+    monkeypatch.setattr(ServerProcess, "_launch", launch)
+    server = ServerProcess(args=["--num-blocks", "not-a-number"], startup_timeout=60)
+    with pytest.raises(ServerStartError):
+        server.start()
+    # start again, as a cell run twice does
+    with pytest.raises(ServerStartError):
+        server.start()
+    assert len(launched) == 2 and not launched[0].exists() and launched[1].exists()
+    assert "num-blocks" in server.log_text()  # the failed start's log is still there to read
+    server.close()
+    assert not launched[1].exists()
 
 
 def test_bad_arguments():

@@ -115,6 +115,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self._finalizer: weakref.finalize | None = None
+        self._log_finalizer: weakref.finalize | None = None
         self.startup_s: float | None = None  # seconds from start() to the first healthy answer
 
     # ---- addresses ----
@@ -181,8 +182,12 @@ class ServerProcess:
         return self
 
     def _launch(self) -> None:
+        self._drop_log()  # a retry on a fresh port starts a fresh log
         fd, name = tempfile.mkstemp(prefix="minengine-serve-", suffix=".log")
         self._log_path = Path(name)
+        # The log outlives stop() so log_text() can still read it, and goes with this object (or at exit):
+        # a learner who restarts a server in a notebook all day leaves no files behind.
+        self._log_finalizer = weakref.finalize(self, _remove_file, self._log_path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(self.cmdline(self.port), stdout=log, stderr=subprocess.STDOUT,
@@ -224,10 +229,14 @@ class ServerProcess:
         _LIVE.discard(self)
 
     def close(self) -> None:
-        """Stop and delete the log file."""
+        """Stop and delete the log file now (it also goes when this object is dropped or Python exits)."""
         self.stop()
-        if self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
+        self._drop_log()
+
+    def _drop_log(self) -> None:
+        if self._log_finalizer is not None:
+            self._log_finalizer()  # deletes the file; a finalizer runs at most once
+            self._log_finalizer = None
 
     def __enter__(self) -> ServerProcess:
         return self.start()
@@ -241,6 +250,13 @@ class ServerProcess:
 
 
 _LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+
+def _remove_file(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a log we cannot delete is not worth an error at exit
 
 
 @atexit.register
