@@ -20,13 +20,23 @@ from typing import Any
 
 # Names that reach for minengine's implementation (or import machinery that could) inside an answer.
 REFERENCE_NAMES = {"minengine", "kvcalc", "autocheck", "__import__", "importlib", "import_module"}
+# The reflection vocabulary both source readers share (this one for lab notebooks, server_source for lab 3's
+# server): extend these and both catch the new route.
+# Built-ins that run a string as code or read and rebind names and attributes given as strings.
+REFLECTION_NAMES = {"exec", "eval", "compile", "setattr", "delattr", "globals", "locals", "vars",
+                    "__builtins__"}
+# Attributes that lead from an object to a frame's variables: a caller's, a generator's, a coroutine's, a
+# traceback's.
+FRAME_NAMES = {"_getframe", "f_globals", "f_back", "f_locals", "gi_frame", "cr_frame", "ag_frame", "tb_frame"}
+# Modules that reach into the kernel's own objects: its namespace, built-ins, loaded modules, every object.
+KERNEL_REACHING_MODULES = {"__main__", "builtins", "importlib", "gc", "ctypes"}
+
 # Names an answer may not reach, besides autocheck._REFERENCE_NAMES: ways to run code the grader cannot
 # read, or to reach modules the answer did not import.
-DYNAMIC_NAMES = {"exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
-                 "__builtins__", "get_ipython", "breakpoint",
-                 # attributes that lead to loaded modules or other frames' variables, or run a program
-                 "modules", "_getframe", "f_globals", "f_back", "f_locals", "gi_frame", "system", "popen",
-                 "execv", "execvp", "execl", "execlp", "spawnv", "spawnl", "posix_spawn"}
+DYNAMIC_NAMES = REFLECTION_NAMES | FRAME_NAMES | {
+    "getattr", "get_ipython", "breakpoint",
+    # attributes that lead to loaded modules, or run a program
+    "modules", "system", "popen", "execv", "execvp", "execl", "execlp", "spawnv", "spawnl", "posix_spawn"}
 # At a cell's top level these can bind any name, so they count against every function.
 BINDING_NAMES = {"exec", "eval", "compile", "globals", "locals", "vars", "setattr", "__builtins__",
                  "get_ipython"}
@@ -34,7 +44,7 @@ BINDING_NAMES = {"exec", "eval", "compile", "globals", "locals", "vars", "setatt
 # count against every function wherever they appear.
 GLOBAL_BINDERS = (BINDING_NAMES - {"locals"}) | {"modules", "f_globals", "__globals__"}
 # (inspect is not one: reaching a frame's globals through it names f_globals, which is.)
-GLOBAL_BINDER_MODULES = {"__main__", "builtins", "importlib", "gc", "ctypes", "pickle"}
+GLOBAL_BINDER_MODULES = KERNEL_REACHING_MODULES | {"pickle"}
 # Modules an answer may not import: minengine itself, ways to find its objects in the kernel, and ways
 # to run it in another process.
 FLAGGED_IMPORTS = {"minengine", "importlib", "gc", "inspect", "ctypes", "pickle", "marshal", "types",

@@ -57,7 +57,8 @@ STARTUP_LIMIT_S = 45.0  # from launch: python + torch + the models, on a busy 2-
 LIFETIME_S = 900.0  # a runner never outlives this, even if nobody stops it
 # The runner's own modules, which the check of the answer's loaded modules allows (its source may not
 # import them: server_source.forbidden_imports).
-ALLOWED = ("minengine.course", "minengine.course.server_grader", "minengine.course.server_source")
+ALLOWED = ("minengine.course", "minengine.course.server_grader", "minengine.course.server_source",
+           "minengine.course.own_code")  # server_source reads with own_code's vocabulary
 # Packages of minengine that a sandboxed answer does not even see (empty folders in its sandbox).
 HIDDEN_PACKAGES = ("server", "cli", "bench")
 

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import ast
 
+from minengine.course.own_code import FRAME_NAMES, KERNEL_REACHING_MODULES, REFLECTION_NAMES
+
 # An answer may import none of these (the runner's own process imports minengine.course, which the
 # runtime check of loaded modules allows; the answer's source may not name it).
 FORBIDDEN = ("minengine.server", "minengine.cli", "minengine.bench", "minengine.course")
-# Names a server has no use for, by which code reaches and rewrites objects it was not given.
-REACHING_NAMES = frozenset({
-    "setattr", "delattr", "vars", "globals", "locals", "eval", "exec", "compile", "__import__",
-    "__setattr__", "__delattr__", "__dict__", "__code__", "__closure__", "cell_contents", "__globals__",
-    "__builtins__", "f_locals", "f_globals", "f_back", "_getframe", "cr_frame", "gi_frame", "ag_frame",
-    "tb_frame", "all_tasks", "get_referrers", "get_referents", "get_objects",
+# Names a server has no use for, by which code reaches and rewrites objects it was not given: the lab
+# notebooks' reflection and frame vocabulary (own_code), plus the dunders and lookups that lead from the
+# engine's objects to others.
+REACHING_NAMES = frozenset(REFLECTION_NAMES | FRAME_NAMES | {
+    "__import__", "__setattr__", "__delattr__", "__dict__", "__code__", "__closure__", "cell_contents",
+    "__globals__", "all_tasks", "get_referrers", "get_referents", "get_objects",
 })
-REACHING_MODULES = ("gc", "ctypes", "inspect", "builtins", "__main__", "importlib")
+REACHING_MODULES = frozenset(KERNEL_REACHING_MODULES | {"inspect"})
 # Methods that change a container in place: called on the engine's own lists, dicts and deques.
 MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert", "remove", "pop", "popleft",
                       "popitem", "clear", "update", "setdefault", "add", "discard", "rotate",
