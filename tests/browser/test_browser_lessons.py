@@ -32,6 +32,7 @@ from jlab_helpers import (
     check_clean,
     expect_visible_image,
     find_cell,
+    open_sessions,
     run_notebook,
     screenshot,
     scroll_to_cell,
@@ -353,3 +354,4 @@ def test_lesson_in_the_browser(lesson: LessonInBrowser, browser: Any, lab_server
             screenshot(ran.page, shot)
         if lesson.interact is not None:
             lesson.interact(ran)
+    assert lesson.path not in open_sessions(lab_server), f"{name}'s kernel was left running"
