@@ -99,17 +99,17 @@ def test_the_installed_package_holds_no_answer_material() -> None:
 @pytest.mark.parametrize("assignment", SOURCES)
 def test_each_course_seed_renders_its_own_answers(tmp_path: Path, assignment: str) -> None:
     src = SOURCES[assignment]
-    views = {}
-    for seed in (1, 2):
+    views = []
+    for seed in (DEFAULT_COURSE_SEED, 2):  # the public seed's slow params are read from disk once kept
         out = render_folder(src, tmp_path / str(seed), seed)
         (rendered,) = out.values()
         text = json.dumps(rendered.notebook)
         assert "@@" not in text
-        views[seed] = (rendered.keys, rendered.params, text)
-    assert views[1][2] != views[2][2], "two courses got the same notebook"
-    if views[1][0] or views[2][0]:
-        assert views[1][0] != views[2][0], "two courses got the same answer letters"
-    assert not (tmp_path / "1" / "params.py").exists()
+        views.append((rendered.keys, rendered.params, text))
+    assert views[0][2] != views[1][2], "two courses got the same notebook"
+    if views[0][0] or views[1][0]:
+        assert views[0][0] != views[1][0], "two courses got the same answer letters"
+    assert not (tmp_path / "2" / "params.py").exists()
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +215,41 @@ def test_a_placeholder_without_a_value_stops_the_release() -> None:
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": "x = @@nothing@@"}]}
     with pytest.raises(TemplateError, match="@@nothing@@"):
         render_notebook(nb, 1, {})
+
+
+def test_the_public_seeds_slow_params_are_kept_on_disk_and_a_class_seeds_never_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minengine.course import templating
+
+    kept = tmp_path / "kept"
+    monkeypatch.setenv(templating.PARAMS_DIR_ENV, str(kept))
+    monkeypatch.setattr(templating, "KEEP_PARAMS_AFTER_S", 0.0)  # every computation counts as slow
+    folder = tmp_path / "lab9_example"
+    folder.mkdir()
+    runs = tmp_path / "runs.txt"
+    source = ("from pathlib import Path\n\nVALUE = {value}\n\n\ndef params(seed):\n"
+              f"    with open({str(runs)!r}, 'a') as f:\n        f.write('x')\n"
+              "    return {{'seed': seed, 'value': VALUE, 'families': [{{'rate': 2.5}}]}}\n")
+    (folder / "params.py").write_text(source.format(value=1))
+
+    def computed() -> int:
+        return len(runs.read_text()) if runs.exists() else 0
+
+    first = load_params(folder, DEFAULT_COURSE_SEED)
+    assert first == {"seed": DEFAULT_COURSE_SEED, "value": 1, "families": [{"rate": 2.5}]}
+    assert load_params(folder, DEFAULT_COURSE_SEED) == first and computed() == 1  # the second is read
+    assert [p.name.split("-")[0] for p in kept.iterdir()] == ["lab9_example"]
+    # A class seed's params are its secret: computed every time, never written anywhere.
+    secret = 0x5EC2E7_5EED_C0FFEE
+    assert load_params(folder, secret)["seed"] == secret == load_params(folder, secret)["seed"]
+    assert computed() == 3 and len(list(kept.iterdir())) == 1
+    # An edit to params.py is a new file name: nothing stale is read.
+    (folder / "params.py").write_text(source.format(value=2))
+    assert load_params(folder, DEFAULT_COURSE_SEED)["value"] == 2 and computed() == 4
+    # A file cut short is computed again, not an error.
+    for path in kept.iterdir():
+        path.write_text('{"seed": 20')
+    assert load_params(folder, DEFAULT_COURSE_SEED)["value"] == 2 and computed() == 5
 
 
 # ------------------------------------------------------------------------------- self-paced grading

@@ -24,12 +24,16 @@ Anything left unreplaced is an error: a release never goes out with a placeholde
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import os
 import random
 import re
 import string
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,16 +102,74 @@ class Rendered:
 
 def load_params(folder: Path, seed: int | str) -> dict[str, Any]:
     """``params(seed)`` from the assignment's params.py, or {} when it has none (``seed``: a course seed,
-    number or text, as :func:`seed_number` reads it)."""
+    number or text, as :func:`seed_number` reads it).
+
+    The public seed's params that take seconds to compute (lab 2 simulates 60 runs: ~30 s) are kept on
+    disk (:func:`public_params_file`), so ``make course`` and every later release reuse them. Only the
+    public seed's: anyone can compute those from this repository, while a class seed's are its secret."""
     path = folder / PARAMS_FILE
     if not path.is_file():
         return {}
+    number = seed_number(seed)
+    kept = public_params_file(path) if number == DEFAULT_COURSE_SEED else None
+    if kept is not None and kept.is_file():
+        try:
+            return json.loads(kept.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable (a write cut short): compute it again
+    began = time.perf_counter()
     namespace: dict[str, Any] = {"__name__": f"_minengine_params_{folder.name}", "__file__": str(path)}
     exec(compile(path.read_text(), str(path), "exec"), namespace)  # no __pycache__ left in the sources
-    values = namespace["params"](seed_number(seed))
+    values = namespace["params"](number)
     if not isinstance(values, dict):
         raise TemplateError(f"{path}: params(seed) must return a dict, got {type(values).__name__}")
+    if kept is not None and time.perf_counter() - began > KEEP_PARAMS_AFTER_S:
+        _keep(kept, values)
     return values
+
+
+KEEP_PARAMS_AFTER_S = 1.0  # params faster than this are recomputed: a file would save nothing
+
+
+PARAMS_DIR_ENV = "MINENGINE_PARAMS_DIR"
+
+
+def public_params_file(params_py: Path) -> Path:
+    """Where the public seed's params of ``params_py`` are kept: the user's cache
+    (``${XDG_CACHE_HOME:-~/.cache}/minengine/params/``, or ``$MINENGINE_PARAMS_DIR``), under a name that
+    changes with params.py, the minengine sources it may run (lab 2's simulator) and the Python version,
+    so an edit to any of them computes afresh. (Not data_dirs: it imports torch, and this module must
+    not.)"""
+    folder = os.environ.get(PARAMS_DIR_ENV)
+    if not folder:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(cache, "minengine", "params")
+    digest = hashlib.sha256(f"{sys.version}\n{DEFAULT_COURSE_SEED}\n".encode())
+    digest.update(params_py.read_bytes())
+    digest.update(_minengine_sources_digest())
+    return Path(folder).expanduser() / f"{params_py.parent.name}-{digest.hexdigest()[:24]}.json"
+
+
+@functools.cache
+def _minengine_sources_digest() -> bytes:
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode() + b"\0" + source.read_bytes())
+    return digest.digest()
+
+
+def _keep(target: Path, values: dict[str, Any]) -> None:
+    try:
+        text = json.dumps(values)
+        if json.loads(text) != values:
+            return  # not plain JSON (tuples, objects): recompute it each time rather than change it
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.write_text(text)
+        os.replace(partial, target)  # whole or not at all, whoever else writes the same file
+    except (OSError, TypeError, ValueError):
+        pass  # a cache that cannot be written costs only time
 
 
 def option_marks(prefix: str, kinds: tuple[str, ...], right: str) -> dict[str, str]:
