@@ -104,7 +104,7 @@ def load_params(folder: Path, seed: int | str) -> dict[str, Any]:
     """``params(seed)`` from the assignment's params.py, or {} when it has none (``seed``: a course seed,
     number or text, as :func:`seed_number` reads it).
 
-    The public seed's params that take seconds to compute (lab 2 simulates 60 runs: ~30 s) are kept on
+    The public seed's params that take seconds to compute (lab 2 simulates its families: 15-25 s) are kept on
     disk (:func:`public_params_file`), so ``make course`` and every later release reuse them. Only the
     public seed's: anyone can compute those from this repository, while a class seed's are its secret."""
     path = folder / PARAMS_FILE
