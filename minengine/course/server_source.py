@@ -124,14 +124,11 @@ def engine_tampering(source: str) -> list[str]:
             flag(target, f"changes {ast.unparse(target)}")
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
+        if isinstance(node, ast.Assign | ast.Delete):
             for t in node.targets:
                 stored(t)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign) or isinstance(node, ast.For | ast.AsyncFor):
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
             stored(node.target)
-        elif isinstance(node, ast.Delete):
-            for t in node.targets:
-                stored(t)
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             stored(node.optional_vars)
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from jlab_helpers import ARTIFACTS, LabServer, new_page
+from jlab_helpers import ARTIFACTS, LabServer, new_page, shut_down_kernel
 from proc_utils import free_port, stop_process_group, wait_until_answering
 
 HERE = Path(__file__).resolve().parent
@@ -137,12 +136,7 @@ def shut_kernels_down() -> Iterator[None]:
     """After each test module, shut its notebooks' kernels down (each holds a model in memory)."""
     yield
     for server in _RUNNING:
-        auth = {"Authorization": f"token {server.token}"}
-        try:
-            for session in httpx.get(f"{server.base}/api/sessions", headers=auth, timeout=10).json():
-                httpx.delete(f"{server.base}/api/sessions/{session['id']}", headers=auth, timeout=30)
-        except httpx.HTTPError as exc:  # cleanup only: never hide a test's own result
-            print(f"could not shut the kernels down: {exc}")
+        shut_down_kernel(server)
 
 
 def _wait_ready(server: LabServer) -> None:

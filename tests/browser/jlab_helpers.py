@@ -105,19 +105,20 @@ def open_sessions(server: LabServer) -> dict[str, str]:
     return {s.get("path") or s.get("notebook", {}).get("path"): s["id"] for s in sessions}
 
 
-def shut_down_kernel(server: LabServer, path: str) -> None:
-    """Shut down the kernel of the notebook at ``path`` once its test is done. Each lesson's kernel holds
-    a model and what its experiments built (0.9-3.5 GB each here); kept to the end of the module, the
-    finished lessons' kernels held ~14 GB of this 23 GB machine by the eighth lesson."""
+def shut_down_kernel(server: LabServer, path: str | None = None) -> None:
+    """Shut down the kernel of the notebook at ``path`` (every notebook's, when None) once its test is done.
+    Each lesson's kernel holds a model and what its experiments built (0.9-3.5 GB each here); kept to the
+    end of the module, the finished lessons' kernels held ~14 GB of this 23 GB machine by the eighth
+    lesson."""
     import httpx
 
     try:
-        session = open_sessions(server).get(path)
-        if session is not None:
-            httpx.delete(f"{server.base}/api/sessions/{session}", timeout=30,
-                         headers={"Authorization": f"token {server.token}"})
+        for notebook, session in open_sessions(server).items():
+            if path is None or notebook == path:
+                httpx.delete(f"{server.base}/api/sessions/{session}", timeout=30,
+                             headers={"Authorization": f"token {server.token}"})
     except httpx.HTTPError as exc:  # clean-up only: never hide a test's own result
-        print(f"could not shut the kernel of {path} down: {exc}")
+        print(f"could not shut the kernel of {path or 'every notebook'} down: {exc}")
 
 
 def wait_changed(page: Any, selector: str, before: str, attribute: str | None = None,
